@@ -1,0 +1,1 @@
+"""diffusion sub-package."""

@@ -1,0 +1,1 @@
+"""sampling sub-package."""

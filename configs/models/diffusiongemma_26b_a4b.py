@@ -1,0 +1,9 @@
+"""The exact DiffusionGemma / Gemma-4 26B-A4B shape (shared/design/diffusiongemma.md §3)."""
+
+import ml_collections
+
+from hackable_diffusion.models import presets
+
+
+def get_config():
+  return ml_collections.ConfigDict(presets.diffusiongemma_26b_a4b())

@@ -43,6 +43,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 __all__ = [
     "DenseDispatch",
+    "gated_gelu",
     "DISPATCHES",
     "MoEFeedForward",
     "RaggedDispatch",
@@ -99,6 +100,36 @@ def expert_capacity(num_tokens: int, top_k: int, num_experts: int, capacity_fact
     return max(1, min(capacity, num_tokens))
 
 
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+@jax.custom_vjp
+def gated_gelu(gate: Float[Array, "..."], up: Float[Array, "..."]) -> Float[Array, "..."]:
+    """``gelu_tanh(gate) * up`` (``jax.nn.gelu(approximate=True)``) with a hand-written backward pass.
+
+    Autodiff of the composite keeps tanh and several products alive for the backward pass and spends three
+    memory passes over the (tokens, hidden) activations in the forward; this version saves only the inputs and
+    recomputes tanh in one fused backward pass. Values and gradients are those of the composite.
+    """
+    return jax.nn.gelu(gate, approximate=True) * up
+
+
+def _gated_gelu_fwd(gate, up):
+    return gated_gelu(gate, up), (gate, up)
+
+
+def _gated_gelu_bwd(residuals, d_out):
+    gate, up = residuals
+    tanh = jnp.tanh(_GELU_C * (gate + _GELU_A * gate**3))
+    gelu = 0.5 * gate * (1.0 + tanh)
+    d_gelu = 0.5 * (1.0 + tanh) + 0.5 * gate * (1.0 - tanh**2) * _GELU_C * (1.0 + 3.0 * _GELU_A * gate**2)
+    return (d_out * up * d_gelu).astype(gate.dtype), (d_out * gelu).astype(up.dtype)
+
+
+gated_gelu.defvjp(_gated_gelu_fwd, _gated_gelu_bwd)
+
+
 def _expert_ffn(
     x: Float[Array, "e c d"],
     gating: Float[Array, "e 2 h d"],
@@ -108,8 +139,21 @@ def _expert_ffn(
     """Batched gated-GELU experts: ``gelu_tanh(x Wg) * (x Wu) @ Wdown``; f32 accumulation, f32 result."""
     gate = jnp.einsum("ecd,ehd->ech", x, gating[:, 0], preferred_element_type=jnp.float32)
     up = jnp.einsum("ecd,ehd->ech", x, gating[:, 1], preferred_element_type=jnp.float32)
-    hidden = (jax.nn.gelu(gate, approximate=True) * up).astype(dtype)
+    hidden = gated_gelu(gate, up).astype(dtype)
     return jnp.einsum("ech,ehd->ecd", hidden, linear, preferred_element_type=jnp.float32)
+
+
+def _combine(
+    out_per_assignment: Float[Array, "k t d"],
+    weights: Float[Array, "t k"],
+    expert_ids: Int[Array, "t k"],
+    per_expert_scale: Float[Array, " e"],
+) -> Float[Array, "t d"]:
+    """``y[t] = sum_j weights[t, j] * per_expert_scale[e_tj] * out[j, t]``: the expert scale is folded into the
+    (T, k) routing weights (padding id E gets 0), and the sum over k is one fused elementwise pass."""
+    scale = jnp.take(per_expert_scale.astype(jnp.float32), expert_ids, mode="fill", fill_value=0)
+    combined_weights = (weights.astype(jnp.float32) * scale).T  # (k, T)
+    return jnp.sum(out_per_assignment.astype(jnp.float32) * combined_weights[:, :, None], axis=0)
 
 
 def _check_dispatch_inputs(x, expert_ids, weights, gating, linear, per_expert_scale):
@@ -215,11 +259,10 @@ class SortedDispatch:
 
         x_buffer = gather_rows(x.astype(dtype), token_of_slot, slot_of_assignment.T)  # (E, C, D)
         out = _expert_ffn(x_buffer, gating.astype(dtype), linear.astype(dtype), dtype)
-        out = out * per_expert_scale.astype(jnp.float32)[:, None, None]
         out_per_assignment = gather_rows(
             out.reshape(num_slots, model_dim), slot_of_assignment, assignment_of_slot.reshape(num_slots, 1)
         )  # (k, T, D), zero for dropped / padding
-        y = jnp.einsum("ktd,kt->td", out_per_assignment, weights.T.astype(jnp.float32))
+        y = _combine(out_per_assignment, weights, expert_ids, per_expert_scale)
         return y.astype(x.dtype), dropped
 
 
@@ -263,13 +306,12 @@ class RaggedDispatch:
         up = jax.lax.ragged_dot(
             rows, jnp.swapaxes(gating_c[:, 1], 1, 2), group_sizes, preferred_element_type=jnp.float32
         )
-        hidden = (jax.nn.gelu(gate, approximate=True) * up).astype(dtype)
+        hidden = gated_gelu(gate, up).astype(dtype)
         out = jax.lax.ragged_dot(hidden, linear.astype(dtype), group_sizes, preferred_element_type=jnp.float32)
-        row_scale = jnp.take(per_expert_scale.astype(jnp.float32), sorted_expert, mode="fill", fill_value=0)
-        out = jnp.where(real_sorted[:, None], out * row_scale[:, None], 0.0)
+        out = jnp.where(real_sorted[:, None], out, 0.0)  # rows past sum(group_sizes) are padding
         assignment_of_row = jnp.where(real_sorted, order, num_assignments)[:, None]
         out_per_assignment = gather_rows(out, row_of_assignment, assignment_of_row)  # (k, T, D)
-        y = jnp.einsum("ktd,kt->td", out_per_assignment, weights.T.astype(jnp.float32))
+        y = _combine(out_per_assignment, weights, expert_ids, per_expert_scale)
         return y.astype(x.dtype), jnp.zeros((), jnp.int32)
 
 

@@ -65,3 +65,12 @@ def small(vocab_size: int = 128, moe: bool = False) -> dict[str, Any]:
       global_head_dim=64, global_num_kv_heads=2,
       moe=dict(num_experts=8, top_k=2, hidden_dim=384, dispatch="sorted", capacity_factor=1.25) if moe else None,
       param_dtype="float32", compute_dtype="float32")
+
+
+def quickstart(vocab_size: int = 128) -> dict[str, Any]:
+  """About 1M parameters with every feature on (MoE, K=V globals, partial RoPE): trains in minutes on a CPU."""
+  return derived(
+      vocab_size=vocab_size, embed_dim=128, num_layers=4, num_heads=4, head_dim=32, num_kv_heads=2, ffw_hidden=256,
+      layer_pattern=("local", "global"), sliding_window=64, global_head_dim=32, global_num_kv_heads=1,
+      moe=dict(num_experts=4, top_k=2, hidden_dim=128, dispatch="sorted", capacity_factor=2.0),
+      param_dtype="float32", compute_dtype="float32")

@@ -1,0 +1,264 @@
+"""Denoising one canvas against a prefix KV cache: a pure, jit-compiled `lax.while_loop`.
+
+Reference: DiffusionGemma `sample_next_canvas` (google-deepmind/gemma `gemma/diffusion/_sampler.py`; design/
+diffusiongemma.md §1.4-1.8). Step i of S runs at noise level t_i = 1 - i/S:
+
+    logits  = decode_block(canvas, cache, sc_signal)          # decoder mode: reads the cache, never writes it
+    shaped  = logits / T(t_i)                                 # float32
+    cand    ~ categorical(shaped)                             # float32 Gumbel-max, per-row keys
+    accept, remask = selection(shaped, cand, undecided)       # selection.py
+    uniform process: new = accept ? cand : fresh uniform token (every free position; no persistent commit)
+    masking process: new = accept ? cand : (remask ? MASK : canvas)   (committed tokens stay, except ReMDM)
+    sc      = sqrt(d) softmax(shaped) @ E                     # self-conditioning for the next step
+    done   |= early_stopping(shaped, canvas, new)             # per row; the triggering step is kept
+    canvas  = done_before ? canvas : new                      # a finished row never changes again
+
+Step 0 uses the null self-conditioning signal (`null_signal="zeros"` as gemma.diffusion, or "mean_embedding" as the
+hackable_diffusion adapter). The sampler pieces (`DiffusionSampler`) are small frozen dataclasses passed as static
+jit arguments, so one config line swaps any of them.
+
+Differences from the reference, on purpose:
+  * Fixed positions (`fixed`: Sudoku givens, infill context) are never changed and are left out of selection and
+    early stopping; the reference has none.
+  * `forbidden_tokens` get a -1e30 logit (the reference accepts `forbidden_tokens` and ignores them); with a masking
+    process the mask token is always forbidden (MDLM's SUBS parameterisation).
+  * With a masking process and a rule that never re-masks, a row also stops once nothing is masked (nothing left to do).
+  * Canvas positions count each row's real tokens (the hackable_diffusion adapter's bookkeeping), not cache slots, so
+    batches of prompts of different lengths are exact (§6.7).
+  * Every random draw comes from the row's own key, folded with the step index, so a row samples the same tokens
+    alone or inside any batch.
+  * No trajectory is kept unless `return_trajectory=True`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess, UniformProcess
+from hackable_diffusion.diffusion.schedules import LinearSchedule
+from hackable_diffusion.models import transformer as T
+from hackable_diffusion.models.attention import KVCache
+from hackable_diffusion.models.self_conditioning import NULL_SIGNALS
+from hackable_diffusion.sampling.early_stopping import EarlyStopping, diffusiongemma_early_stopping
+from hackable_diffusion.sampling.selection import NEG_LOGIT, EntropyBound, SelectionRule, StepInfo
+from hackable_diffusion.sampling.temperature import AnnealedTemperature, Temperature
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffusionSampler:
+    """Everything that defines how a canvas is denoised; defaults are DiffusionGemma's (§1.1) except the process.
+
+    self_conditioning: None = use it iff the model has a self-conditioner; True = require it; False = feed the null
+      signal at every step (a model without a self-conditioner gets plain token embeddings).
+    """
+
+    process: NoiseProcess
+    selection: SelectionRule = EntropyBound(0.1)
+    temperature: Temperature = AnnealedTemperature()
+    early_stopping: EarlyStopping = diffusiongemma_early_stopping()
+    num_steps: int = 48
+    canvas_length: int = 256
+    self_conditioning: bool | None = None
+    null_signal: str = "zeros"
+    forbidden_tokens: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        checks = (("process", NoiseProcess), ("selection", SelectionRule), ("temperature", Temperature),
+                  ("early_stopping", EarlyStopping))
+        for name, kind in checks:
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"DiffusionSampler.{name} must be a {kind.__name__}, got {getattr(self, name)!r}.")
+        for name in ("num_steps", "canvas_length"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"DiffusionSampler.{name} must be an int >= 1, got {value!r}.")
+        if self.null_signal not in NULL_SIGNALS:
+            raise ValueError(f"DiffusionSampler.null_signal must be one of {NULL_SIGNALS}, got {self.null_signal!r}.")
+        if self.selection.remasks and not self.persistent:
+            raise ValueError(f"{type(self.selection).__name__} re-masks committed tokens and needs a MaskingProcess, "
+                             f"got {type(self.process).__name__}.")
+        forbidden = tuple(int(i) for i in self.forbidden_tokens)
+        bad = [i for i in forbidden if not 0 <= i < self.process.vocab_size]
+        if bad:
+            raise ValueError(f"DiffusionSampler.forbidden_tokens {bad} are outside [0, {self.process.vocab_size}).")
+        object.__setattr__(self, "forbidden_tokens", forbidden)
+
+    @classmethod
+    def diffusiongemma(cls, vocab_size: int, **overrides: Any) -> DiffusionSampler:
+        """The reference sampler: uniform process over the whole vocabulary, entropy bound 0.1, annealed 0.8 -> 0.4,
+        stability AND entropy <= 0.005, 48 steps, canvases of 256."""
+        return cls(process=UniformProcess(vocab_size, LinearSchedule()), **overrides)
+
+    def replace(self, **changes: Any) -> DiffusionSampler:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def persistent(self) -> bool:
+        """True for a masking process: decided tokens stay decided."""
+        return isinstance(self.process, MaskingProcess)
+
+    def uses_self_conditioning(self, model: T.Transformer) -> bool:
+        if self.self_conditioning and not model.cfg.self_conditioning:
+            raise ValueError("DiffusionSampler.self_conditioning=True but the model has no self-conditioner "
+                             "(model.self_conditioning=False); set it to None or False.")
+        return model.cfg.self_conditioning if self.self_conditioning is None else self.self_conditioning
+
+    def logit_bias(self) -> Float[Array, "v"]:
+        """0 for allowed tokens, -1e30 for forbidden ones (and the mask token of a masking process)."""
+        bias = np.zeros(self.process.vocab_size, np.float32)
+        bias[list(self.forbidden_tokens)] = NEG_LOGIT
+        if self.persistent:
+            bias[self.process.mask_id] = NEG_LOGIT
+        return jnp.asarray(bias)
+
+    def initial_canvas(self, keys: Array, batch_size: int, *, fixed: Bool[Array, "b c"] | None = None,
+                       fixed_tokens: Int[Array, "b c"] | None = None) -> Int[Array, "b c"]:
+        """A canvas drawn from the prior (one key per row), with `fixed_tokens` written where `fixed`."""
+        keys = row_keys(keys, batch_size)
+        canvas = jax.vmap(lambda k: self.process.prior_sample(k, (self.canvas_length,)))(keys).astype(jnp.int32)
+        if fixed is not None:
+            if fixed_tokens is None:
+                raise ValueError("fixed was given without fixed_tokens (the tokens to keep at those positions).")
+            canvas = jnp.where(fixed, jnp.asarray(fixed_tokens, jnp.int32), canvas)
+        return canvas
+
+
+@flax.struct.dataclass
+class CanvasResult:
+    """canvas: the denoised tokens; steps: denoising steps each row used (0 for inactive rows); forward_passes: model
+    calls made (each over the whole batch); trajectory: the canvas after every step (steps, b, c), or None. Entries
+    after the last executed step repeat the final canvas."""
+
+    canvas: Int[Array, "b c"]
+    steps: Int[Array, "b"]
+    forward_passes: Int[Array, ""]
+    trajectory: Int[Array, "s b c"] | None = None
+
+
+def row_keys(key: Any, batch_size: int) -> Array:
+    """One typed PRNG key per row: an int seed or a single key gives fold_in(key, row); (b,) keys are used as is.
+
+    To reproduce a row alone, pass that row's key (e.g. `keys[i:i+1]`), not the batch's single key.
+    """
+    if isinstance(key, (int, np.integer)):
+        key = jax.random.key(int(key))
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.dtype != jnp.uint32 or key.shape[-1:] != (2,):
+            raise ValueError(f"key must be an int seed, a jax.random.key or raw uint32 key data, got dtype {key.dtype} "
+                             f"shape {key.shape}.")
+        key = jax.random.wrap_key_data(key)
+    if key.ndim == 0:
+        return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch_size))
+    if key.shape != (batch_size,):
+        raise ValueError(f"got {key.shape[0] if key.ndim else 1} keys for a batch of {batch_size} rows; pass one key "
+                         f"per row or a single key.")
+    return key
+
+
+def canvas_logits(model: T.Transformer, params: Any, cache: KVCache, canvas: Int[Array, "b c"],
+                  sc_signal: Float[Array, "b c d"] | None = None) -> Float[Array, "b c v"]:
+    """The model call of one denoising step: decoder mode over the cached prefix, bidirectional over the canvas."""
+    logits, _ = T.decode_block(model, params, canvas, cache, sc_signal=sc_signal)
+    return logits
+
+
+def _denoise(model, params, cache, canvas, keys, fixed, active, *, sampler: DiffusionSampler,
+             return_trajectory: bool) -> CanvasResult:
+    b, c = canvas.shape
+    num_steps = sampler.num_steps
+    process = sampler.process
+    persistent = sampler.persistent
+    free = ~fixed
+    bias = sampler.logit_bias()
+    has_sc = model.cfg.self_conditioning
+    use_sc = sampler.uses_self_conditioning(model)
+    null_sc = T.model_method(model, params, "null_sc_signal", (b, c), kind=sampler.null_signal) if has_sc else None
+
+    def cond(state):
+        return (state["step"] < num_steps) & ~jnp.all(state["done"])
+
+    def body(state):
+        step, old = state["step"], state["canvas"]
+        info = StepInfo.at(step, num_steps, process.schedule, free, persistent)
+        logits = canvas_logits(model, params, cache, old, state.get("sc"))
+        shaped = (logits.astype(jnp.float32) + bias) / sampler.temperature(info.t)
+        step_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, step), 3))(keys)
+        candidates = jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(step_keys[:, 0], shaped)
+        candidates = candidates.astype(jnp.int32)
+        undecided = free & (old == process.mask_id) if persistent else free
+        accept, remask = sampler.selection(step_keys[:, 1], shaped, candidates, undecided, info)
+        accept, remask = accept & undecided, remask & free & ~undecided
+        if persistent:
+            new = jnp.where(accept, candidates, jnp.where(remask, process.mask_id, old))
+        else:
+            noise = jax.vmap(lambda k: process.prior_sample(k, (c,)))(step_keys[:, 2]).astype(jnp.int32)
+            new = jnp.where(free, jnp.where(accept, candidates, noise), old)
+        stop = sampler.early_stopping(shaped, old, new, free)
+        if persistent and not sampler.selection.remasks:
+            stop = stop | ~jnp.any(free & (new == process.mask_id), axis=-1)
+        running = ~state["done"]
+        new_state = dict(
+            step=step + 1,
+            canvas=jnp.where(running[:, None], new, old),
+            steps=jnp.where(running, step + 1, state["steps"]),
+            done=state["done"] | stop,
+        )
+        if has_sc:
+            new_state["sc"] = T.model_method(model, params, "sc_signal", shaped).astype(null_sc.dtype) if use_sc \
+                else null_sc
+        if return_trajectory:
+            new_state["trajectory"] = state["trajectory"].at[step].set(new_state["canvas"])
+        return new_state
+
+    state = dict(step=jnp.zeros((), jnp.int32), canvas=canvas, steps=jnp.zeros((b,), jnp.int32), done=~active)
+    if has_sc:
+        state["sc"] = null_sc
+    if return_trajectory:
+        state["trajectory"] = jnp.zeros((num_steps, b, c), jnp.int32)
+    state = jax.lax.while_loop(cond, body, state)
+    trajectory = None
+    if return_trajectory:
+        executed = (jnp.arange(num_steps) < state["step"])[:, None, None]
+        trajectory = jnp.where(executed, state["trajectory"], state["canvas"][None])
+    return CanvasResult(canvas=state["canvas"], steps=state["steps"], forward_passes=state["step"],
+                        trajectory=trajectory)
+
+
+_denoise_jit = jax.jit(_denoise, static_argnames=("model", "sampler", "return_trajectory"))
+
+
+def denoise_canvas(model: T.Transformer, params: Any, cache: KVCache, canvas_init: Int[Array, "b c"], key: Any, *,
+                   sampler: DiffusionSampler, fixed: Bool[Array, "b c"] | None = None,
+                   active: Bool[Array, "b"] | None = None, return_trajectory: bool = False) -> CanvasResult:
+    """Denoises `canvas_init` (its free positions are the starting noise, its fixed positions the given tokens).
+
+    key: an int seed, a single key (rows get fold_in(key, row)) or one key per row (batch-independent randomness).
+    fixed: positions never changed. active: rows to denoise (inactive rows are returned unchanged with 0 steps).
+    The canvas length is free here (it need not equal `sampler.canvas_length`); the cache is only read.
+    """
+    canvas_init = jnp.asarray(canvas_init, jnp.int32)
+    if canvas_init.ndim != 2 or canvas_init.shape[1] < 1:
+        raise ValueError(f"canvas_init must have shape (batch, canvas_length >= 1), got {canvas_init.shape}.")
+    b, c = canvas_init.shape
+    if cache.batch_size != b:
+        raise ValueError(f"the cache holds {cache.batch_size} rows but the canvas has {b}.")
+    if sampler.process.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"the sampler's process has vocab_size {sampler.process.vocab_size} but the model has "
+                         f"{model.cfg.vocab_size}.")
+    sampler.uses_self_conditioning(model)
+    fixed = jnp.zeros((b, c), bool) if fixed is None else jnp.asarray(fixed, bool)
+    if fixed.shape != (b, c):
+        raise ValueError(f"fixed must have the canvas shape {(b, c)}, got {fixed.shape}.")
+    active = jnp.ones((b,), bool) if active is None else jnp.asarray(active, bool)
+    if active.shape != (b,):
+        raise ValueError(f"active must have shape ({b},), got {active.shape}.")
+    return _denoise_jit(model, params, cache, canvas_init, row_keys(key, b), fixed, active, sampler=sampler,
+                        return_trajectory=return_trajectory)

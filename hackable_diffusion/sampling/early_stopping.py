@@ -1,0 +1,130 @@
+"""Early stopping of a canvas, decided per batch row after every denoising step.
+
+Reference: DiffusionGemma `_early_stopping.py` (design/diffusiongemma.md §1.8, §6.6). A rule sees the step's
+temperature-*shaped* logits, the step's input canvas, the canvas it produced and the free (not fixed) positions, and
+returns one boolean per row. The canvas loop keeps the sample of the step that triggers the stop and never changes a
+finished row afterwards.
+
+  * `NoEarlyStop` -- the reference `DiffusionSampler` default: run every step.
+  * `TokenStability` -- all(argmax(shaped logits) == canvas). Documented choice: like the reference we compare with
+    the step's *input* canvas (`against="input"`), i.e. the model's greedy prediction agrees with the canvas it was
+    shown. With the uniform process the input canvas holds the re-randomised positions of the previous step, so this
+    only fires once the previous step accepted (almost) everything. `against="output"` compares with the canvas the
+    step produced instead. With a masking process the canvas holds MASK until everything is decided, so stability
+    can only fire at the end.
+  * `EntropyBelow(0.005)` -- mean per-position entropy of the shaped prediction <= threshold. Computed in float32;
+    the reference computes it in the logits dtype (bf16). (The hackable_diffusion adapter's default threshold is 0.05.)
+  * `Chained(rules)` -- logical AND of the rules (the reference's `ChainedEarlyStop`); an empty chain raises.
+
+Difference: only free positions count (fixed positions such as Sudoku givens never change, and a model that disagrees
+with a given would otherwise block stability forever); a canvas with no free position is stable at once.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from hackable_diffusion.sampling.selection import entropy
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlyStopping(abc.ABC):
+    """`rule(logits, previous, current, free) -> stop (b,)`."""
+
+    @abc.abstractmethod
+    def __call__(self, logits: Float[Array, "b c v"], previous: Int[Array, "b c"], current: Int[Array, "b c"],
+                 free: Bool[Array, "b c"]) -> Bool[Array, "b"]:
+        """True for the rows that may stop after this step."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NoEarlyStop(EarlyStopping):
+    """Never stop early."""
+
+    def __call__(self, logits, previous, current, free):
+        return jnp.zeros(previous.shape[:1], bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenStability(EarlyStopping):
+    """Stop when argmax(shaped logits) equals the step's input canvas (`against="input"`) or output canvas."""
+
+    against: str = "input"
+
+    def __post_init__(self):
+        if self.against not in ("input", "output"):
+            raise ValueError(f"TokenStability: against must be 'input' (the reference) or 'output', "
+                             f"got {self.against!r}.")
+
+    def __call__(self, logits, previous, current, free):
+        reference = previous if self.against == "input" else current
+        agrees = jnp.argmax(logits, axis=-1) == reference
+        return jnp.all(agrees | ~free, axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class EntropyBelow(EarlyStopping):
+    """Stop when the mean entropy (nats, float32) over free positions is <= threshold."""
+
+    threshold: float = 0.005
+
+    def __post_init__(self):
+        if not self.threshold >= 0:
+            raise ValueError(f"EntropyBelow: threshold must be >= 0, got {self.threshold}.")
+
+    def __call__(self, logits, previous, current, free):
+        h = jnp.where(free, entropy(logits), 0.0)
+        mean = jnp.sum(h, axis=-1) / jnp.maximum(jnp.sum(free, axis=-1), 1)
+        return mean <= self.threshold
+
+
+@dataclasses.dataclass(frozen=True)
+class Chained(EarlyStopping):
+    """Stop when every rule says stop (AND)."""
+
+    rules: tuple[EarlyStopping, ...]
+
+    def __post_init__(self):
+        rules = tuple(self.rules) if isinstance(self.rules, Sequence) else self.rules
+        if not isinstance(rules, tuple) or not rules:
+            raise ValueError("Chained needs a non-empty sequence of early-stopping rules (it is their AND); "
+                             "use NoEarlyStop() to never stop early.")
+        bad = [r for r in rules if not isinstance(r, EarlyStopping)]
+        if bad:
+            raise ValueError(f"Chained: {bad} are not EarlyStopping rules.")
+        object.__setattr__(self, "rules", rules)
+
+    def __call__(self, logits, previous, current, free):
+        stop = jnp.ones(previous.shape[:1], bool)
+        for rule in self.rules:
+            stop = stop & rule(logits, previous, current, free)
+        return stop
+
+
+def diffusiongemma_early_stopping() -> Chained:
+    """The reference default: token stability AND mean entropy <= 0.005."""
+    return Chained((TokenStability(), EntropyBelow(0.005)))
+
+
+EARLY_STOPPING: dict[str, Any] = {
+    "none": NoEarlyStop,
+    "token_stability": TokenStability,
+    "entropy": EntropyBelow,
+    "diffusiongemma": diffusiongemma_early_stopping,
+}
+
+
+def make_early_stopping(name: str, **kwargs) -> EarlyStopping:
+    """Builds an early-stopping rule by name, e.g. `make_early_stopping("entropy", threshold=0.05)`."""
+    if name not in EARLY_STOPPING:
+        raise ValueError(f"unknown early-stopping rule {name!r}; choose one of {sorted(EARLY_STOPPING)}.")
+    try:
+        return EARLY_STOPPING[name](**kwargs)
+    except TypeError as error:
+        raise ValueError(f"early-stopping rule {name!r} does not take {sorted(kwargs)}: {error}") from None

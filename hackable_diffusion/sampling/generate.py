@@ -1,0 +1,322 @@
+"""Block-autoregressive diffusion generation with an exact KV cache, and the autoregressive baseline decoder.
+
+Reference: DiffusionGemma's `DiffusionSampler._sample_step` and `SamplerLoop` (google-deepmind/gemma; design/
+diffusiongemma.md §1.2-1.3, §6.1-6.2, §6.9):
+
+    prefill the prompt causally                     -> the first canvas starts at slot end_index = prompt width
+    repeat: denoise a canvas in decoder mode         (canvas.py; the cache is read, never written)
+            truncate it at the first stop token      (kept; PAD after; rows already done get all PAD)
+            commit it causally with `append`          (token_mask = non-PAD, so PAD slots are never attended)
+    until every row has stopped, max_new_tokens are produced, or the next canvas would not fit the cache.
+
+The outer loop is a Python loop over canvases (one host sync per canvas to test whether every row is done); each
+piece is jit-compiled once per shape: prefill, `denoise_canvas` (a `lax.while_loop`), truncation, commit.
+
+Differences from the reference, on purpose:
+  * Never wraps around the cache (the reference's `is_full` test lets a canvas cross the end and overwrite the prefix):
+    a ValueError is raised up front when the prompt plus one canvas does not fit, and generation stops before a canvas
+    that would not fit. The default cache holds the prompt plus every canvas needed for `max_new_tokens`.
+  * Batches of right-padded prompts of different lengths are exact: pads are invalid cache slots, never attended, and
+    positions count real tokens (the hackable_diffusion adapter's bookkeeping; the reference's gemma path exposes pad
+    KV and leaves RoPE gaps, §6.7). Every random draw comes from the row's own key, so the same prompt and row key
+    give the same tokens alone or inside any batch.
+  * An empty prompt (a row with no real token) is rejected: start every prompt with BOS.
+  * Fixed positions over the generated region (`fixed`, `fixed_tokens`: infilling, a forced suffix, Sudoku givens)
+    are passed to every canvas. Truncation still cuts at the first stop token, fixed or not; pass `stop_tokens=()` to
+    keep a fixed suffix after a generated EOS.
+  * `max_new_tokens` need not be a multiple of the canvas length: whole canvases are generated and the output is cut.
+
+The autoregressive baseline (`generate_ar`) runs the same backbone causally with the KV cache: prefill, then one
+jit-compiled one-token decode step inside a `lax.while_loop` (compiled once), with greedy, temperature, top-k and top-p
+(nucleus) sampling in float32 and per-row EOS stopping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from hackable_diffusion.data.tokenizers import EOS_ID, PAD_ID
+from hackable_diffusion.models import transformer as T
+from hackable_diffusion.models.attention import KVCache, init_cache
+from hackable_diffusion.sampling.canvas import DiffusionSampler, denoise_canvas, row_keys
+from hackable_diffusion.sampling.selection import NEG_LOGIT
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationResult:
+    """tokens: (b, max_new_tokens), PAD after each row's first stop token (kept) and after the generated length.
+    lengths: tokens produced per row, up to and including the first stop token.
+    steps: (b, num_canvases) denoising steps per canvas and row (0 once a row is done); None for the AR decoder.
+    forward_passes: batched model calls (prefill + denoising steps + commits, or prefill + decode steps).
+    trajectories: per canvas, the (steps, b, canvas_length) canvases after every step, if asked.
+    cache: the final KV cache (prompt and every committed canvas)."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    forward_passes: int
+    steps: np.ndarray | None = None
+    trajectories: tuple[np.ndarray, ...] | None = None
+    cache: KVCache | None = None
+
+    @property
+    def num_canvases(self) -> int:
+        return 0 if self.steps is None else self.steps.shape[1]
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> tuple[Int[Array, "b p"], Bool[Array, "b p"]]:
+    """Right-pads ragged token lists into (tokens, token_mask)."""
+    rows = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
+    if not rows:
+        raise ValueError("prompts is empty; give at least one prompt.")
+    width = max(len(r) for r in rows)
+    tokens = np.full((len(rows), width), pad_id, np.int32)
+    mask = np.zeros((len(rows), width), bool)
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = r
+        mask[i, :len(r)] = True
+    return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+def _as_prompt_batch(prompts, prompt_mask) -> tuple[Array, Array]:
+    if isinstance(prompts, (list, tuple)) and (not prompts or not np.isscalar(prompts[0])):
+        if prompt_mask is not None:
+            raise ValueError("prompt_mask is only for a padded (batch, width) array; ragged lists are padded here.")
+        tokens, mask = pad_prompts(prompts)
+    else:
+        tokens = jnp.asarray(prompts, jnp.int32)
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        mask = jnp.ones(tokens.shape, bool) if prompt_mask is None else jnp.asarray(prompt_mask, bool).reshape(
+            tokens.shape)
+    if tokens.ndim != 2 or tokens.shape[1] == 0:
+        raise ValueError(f"prompts must be (batch, width >= 1) token ids, got shape {tokens.shape}; an empty prompt "
+                         f"has nothing to condition on: start it with BOS (tokenizers.BOS_ID).")
+    empty = np.flatnonzero(~np.asarray(mask).any(axis=1))
+    if empty.size:
+        raise ValueError(f"prompt rows {empty.tolist()} have no real token; start every prompt with BOS "
+                         f"(tokenizers.BOS_ID), which is also how to ask for unconditional generation.")
+    return tokens, mask
+
+
+def _check_max_new(max_new_tokens: int):
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
+
+
+def _stop_array(stop_tokens: Sequence[int]) -> Array:
+    return jnp.asarray(tuple(int(t) for t in stop_tokens) or (-1,), jnp.int32)  # -1 matches no token
+
+
+def _lengths(tokens: np.ndarray, stop_tokens: Sequence[int], produced: int) -> np.ndarray:
+    is_stop = np.isin(tokens, list(stop_tokens))
+    has_stop = is_stop.any(axis=1)
+    return np.where(has_stop, is_stop.argmax(axis=1) + 1, min(produced, tokens.shape[1])).astype(np.int32)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Block-autoregressive diffusion.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _prefill(model, params, tokens, cache, token_mask):
+    return T.append(model, params, tokens, cache, token_mask=token_mask)
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def commit_canvas(model: T.Transformer, params: Any, cache: KVCache, canvas: Int[Array, "b c"]) -> KVCache:
+    """Encodes a (truncated) canvas causally into the cache; PAD positions become invalid, never-attended slots."""
+    return T.append(model, params, canvas, cache, token_mask=canvas != PAD_ID)[1]
+
+
+@jax.jit
+def truncate_at_stop(canvas: Int[Array, "b c"], stop_tokens: Int[Array, "n"],
+                     active: Bool[Array, "b"]) -> tuple[Int[Array, "b c"], Bool[Array, "b"]]:
+    """Keeps each active row up to and including its first stop token, PAD after; inactive rows become all PAD.
+
+    Returns (canvas, stopped): stopped marks the active rows that contained a stop token.
+    """
+    is_stop = jnp.isin(canvas, stop_tokens)
+    before_or_at_first_stop = jnp.cumsum(is_stop, axis=1) - is_stop == 0
+    keep = before_or_at_first_stop & active[:, None]
+    return jnp.where(keep, canvas, PAD_ID), active & jnp.any(is_stop, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("sampler",))
+def _initial_canvas(keys, fixed, fixed_tokens, *, sampler):
+    return sampler.initial_canvas(keys, keys.shape[0], fixed=fixed, fixed_tokens=fixed_tokens)
+
+
+def generate(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Sequence[Sequence[int]], *,
+             sampler: DiffusionSampler, key: Any, max_new_tokens: int,
+             prompt_mask: Bool[Array, "b p"] | None = None, stop_tokens: Sequence[int] = (EOS_ID,),
+             cache_length: int | None = None, fixed: Bool[Array, "b n"] | None = None,
+             fixed_tokens: Int[Array, "b n"] | None = None, return_trajectory: bool = False) -> GenerationResult:
+    """Generates up to `max_new_tokens` after each prompt, one canvas of `sampler.canvas_length` at a time.
+
+    prompts: a (b, p) array (right-padded, with `prompt_mask`) or ragged lists of token ids (padded here).
+    key: an int seed, a single key (row i uses fold_in(key, i)) or one key per row; row i's tokens depend only on its
+      own key and prompt, so `keys[i:i+1]` with prompt i alone reproduces row i of a batch.
+    cache_length: slots in the KV cache (default: prompt width + every canvas needed); a shorter cache stops early.
+    fixed, fixed_tokens: (b, n <= max_new_tokens) positions of the generated region held to given tokens.
+    """
+    tokens, mask = _as_prompt_batch(prompts, prompt_mask)
+    _check_max_new(max_new_tokens)
+    b, width = tokens.shape
+    c = sampler.canvas_length
+    num_canvases = math.ceil(max_new_tokens / c)
+    if cache_length is None:
+        cache_length = width + num_canvases * c
+    if width + c > cache_length:
+        raise ValueError(f"the prompt ({width} slots) plus one canvas ({c} tokens) needs {width + c} cache slots but "
+                         f"cache_length={cache_length}; shorten the prompt, use a shorter canvas or a longer cache.")
+    num_canvases = min(num_canvases, (cache_length - width) // c)
+    sampler.uses_self_conditioning(model)
+    if sampler.process.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"the sampler's process has vocab_size {sampler.process.vocab_size} but the model has "
+                         f"{model.cfg.vocab_size}.")
+
+    region = num_canvases * c
+    fixed_all = np.zeros((b, max(region, max_new_tokens)), bool)
+    given_all = np.zeros(fixed_all.shape, np.int32)
+    if fixed is not None:
+        fixed = np.asarray(fixed, bool)
+        if fixed_tokens is None:
+            raise ValueError("fixed was given without fixed_tokens (the tokens to hold at those positions).")
+        fixed_tokens = np.asarray(fixed_tokens, np.int32)
+        if fixed.ndim != 2 or fixed.shape[0] != b or fixed.shape[1] > max_new_tokens or fixed_tokens.shape != \
+                fixed.shape:
+            raise ValueError(f"fixed and fixed_tokens must both have shape ({b}, n <= max_new_tokens="
+                             f"{max_new_tokens}), got {fixed.shape} and {fixed_tokens.shape}.")
+        fixed_all[:, :fixed.shape[1]] = fixed
+        given_all[:, :fixed.shape[1]] = fixed_tokens
+
+    keys = row_keys(key, b)
+    _, cache = _prefill(model, params, tokens, init_cache(model.cfg, b, cache_length), mask)
+    stop = _stop_array(stop_tokens)
+    active = jnp.ones((b,), bool)
+    forward_passes = 1
+    outputs, steps, trajectories = [], [], []
+    for index in range(num_canvases):
+        if not bool(jnp.any(active)):
+            break
+        canvas_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, index)))(keys)
+        span = slice(index * c, (index + 1) * c)
+        canvas_fixed, canvas_given = jnp.asarray(fixed_all[:, span]), jnp.asarray(given_all[:, span])
+        init = _initial_canvas(canvas_keys[:, 0], canvas_fixed, canvas_given, sampler=sampler)
+        result = denoise_canvas(model, params, cache, init, canvas_keys[:, 1], sampler=sampler, fixed=canvas_fixed,
+                                active=active, return_trajectory=return_trajectory)
+        canvas, stopped = truncate_at_stop(result.canvas, stop, active)
+        cache = commit_canvas(model, params, cache, canvas)
+        forward_passes += int(result.forward_passes) + 1
+        active = active & ~stopped
+        outputs.append(np.asarray(canvas))
+        steps.append(np.asarray(result.steps))
+        if return_trajectory:
+            trajectories.append(np.asarray(result.trajectory))
+
+    produced = len(outputs) * c
+    out = np.full((b, max_new_tokens), PAD_ID, np.int32)
+    if outputs:
+        generated = np.concatenate(outputs, axis=1)[:, :max_new_tokens]
+        out[:, :generated.shape[1]] = generated
+    return GenerationResult(
+        tokens=out, lengths=_lengths(out, stop_tokens, produced), forward_passes=forward_passes,
+        steps=np.stack(steps, axis=1) if steps else np.zeros((b, 0), np.int32),
+        trajectories=tuple(trajectories) if return_trajectory else None, cache=cache)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Autoregressive baseline.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ARSampling:
+    """Next-token sampling: temperature 0 is greedy; top_k 0 and top_p 1 are off. All in float32."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"ARSampling.temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+            raise ValueError(f"ARSampling.top_k must be an int >= 0 (0 = off), got {self.top_k!r}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"ARSampling.top_p must lie in (0, 1] (1 = off), got {self.top_p}.")
+
+    def filter_logits(self, logits: Float[Array, "b v"]) -> Float[Array, "b v"]:
+        """Temperature-scaled logits with everything outside the top-k / nucleus set to -1e30 (ties are kept)."""
+        logits = logits.astype(jnp.float32) / self.temperature
+        if self.top_k:
+            kth = jax.lax.top_k(logits, min(self.top_k, logits.shape[-1]))[0][..., -1:]
+            logits = jnp.where(logits < kth, NEG_LOGIT, logits)
+        if self.top_p < 1:
+            sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+            probs = jax.nn.softmax(sorted_logits, axis=-1)
+            mass_before = jnp.cumsum(probs, axis=-1) - probs
+            kept = jnp.where(mass_before < self.top_p, sorted_logits, jnp.inf)
+            threshold = jnp.min(kept, axis=-1, keepdims=True)  # smallest logit of the nucleus (top-1 always kept)
+            logits = jnp.where(logits < threshold, NEG_LOGIT, logits)
+        return logits
+
+    def __call__(self, keys: Array, logits: Float[Array, "b v"]) -> Int[Array, "b"]:
+        if self.temperature == 0:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        filtered = self.filter_logits(logits)
+        return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "sampling", "max_new_tokens"))
+def _ar_decode(model, params, cache, first_logits, keys, stop, bias, *, sampling, max_new_tokens):
+    b = first_logits.shape[0]
+
+    def cond(state):
+        return (state["i"] < max_new_tokens) & ~jnp.all(state["done"])
+
+    def body(state):
+        i, done = state["i"], state["done"]
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(keys)
+        token = sampling(step_keys, state["logits"] + bias)
+        token = jnp.where(done, PAD_ID, token)
+        logits, cache = T.append(model, params, token[:, None], state["cache"], token_mask=~done[:, None])
+        return dict(i=i + 1, done=done | jnp.isin(token, stop), cache=cache, logits=logits[:, 0].astype(jnp.float32),
+                    tokens=state["tokens"].at[:, i].set(token))
+
+    state = dict(i=jnp.zeros((), jnp.int32), done=jnp.zeros((b,), bool), cache=cache,
+                 logits=first_logits.astype(jnp.float32), tokens=jnp.full((b, max_new_tokens), PAD_ID, jnp.int32))
+    state = jax.lax.while_loop(cond, body, state)
+    return state["tokens"], state["i"], state["cache"]
+
+
+def generate_ar(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Sequence[Sequence[int]], *,
+                key: Any, max_new_tokens: int, sampling: ARSampling = ARSampling(),
+                prompt_mask: Bool[Array, "b p"] | None = None, stop_tokens: Sequence[int] = (EOS_ID,),
+                forbidden_tokens: Sequence[int] = ()) -> GenerationResult:
+    """Autoregressive decoding with the KV cache: prefill, then one token per step until every row hit a stop token
+    (kept, PAD after) or `max_new_tokens`. Row randomness comes from the row's own key, as in `generate`."""
+    tokens, mask = _as_prompt_batch(prompts, prompt_mask)
+    _check_max_new(max_new_tokens)
+    b, width = tokens.shape
+    cache = init_cache(model.cfg, b, width + max_new_tokens)
+    logits, cache = _prefill(model, params, tokens, cache, mask)
+    last_real = width - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+    first_logits = jnp.take_along_axis(logits, last_real[:, None, None], axis=1)[:, 0]
+    bias = np.zeros(model.cfg.vocab_size, np.float32)
+    bias[[int(t) for t in forbidden_tokens]] = NEG_LOGIT
+    out, steps, cache = _ar_decode(model, params, cache, first_logits, row_keys(key, b), _stop_array(stop_tokens),
+                                   jnp.asarray(bias), sampling=sampling, max_new_tokens=max_new_tokens)
+    out = np.asarray(out)
+    return GenerationResult(tokens=out, lengths=_lengths(out, stop_tokens, int(steps)),
+                            forward_passes=1 + int(steps), cache=cache)

@@ -1,0 +1,125 @@
+"""Training entry point.
+
+  python -m hackable_diffusion.train --config configs/quickstart.py --workdir runs/quickstart [--config.a.b=value]
+
+Builds the experiment from the config (data, model, process, objective, optimizer, mesh), trains with periodic
+evaluation and checkpoints (running the same command again resumes from the workdir), then prints a sample from the
+configured sampler. The resolved config is printed and saved to `workdir/config.json`; an override of a key that
+does not exist stops the command with the closest existing keys. Multi-host: pass --coordinator_address,
+--num_processes and --process_id (or set JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from hackable_diffusion import cli
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics.jsonl, tensorboard/, tokenizer.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
+_INIT_TIMEOUT = flags.DEFINE_integer("distributed_timeout_s", 60, "Seconds to wait for the other processes.")
+_SAMPLES = flags.DEFINE_bool("sample_at_end", True, "Print samples from the trained model at the end.")
+
+
+def run(config, workdir: str, *, sample_at_end: bool = True):
+  """Trains the experiment described by `config` in `workdir`; returns (experiment, final state)."""
+  import jax
+
+  from hackable_diffusion import experiment as exp_lib
+  from hackable_diffusion.data import text as text_lib
+  from hackable_diffusion.models import partitioning
+  from hackable_diffusion.models import transformer as T
+  from hackable_diffusion.models.param_count import count_params
+  from hackable_diffusion.training import loop, sharding
+
+  path = exp_lib.workdir_path(workdir)
+  if jax.process_index() == 0:
+    print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
+    cli.save_config(config, path / "config.json")
+  exp = exp_lib.build(config, workdir)
+  counts = count_params(exp.model.cfg)
+  if jax.process_index() == 0:
+    print(f"Model: {counts['total_params'] / 1e6:.2f}M parameters ({counts['active_params_per_token'] / 1e6:.2f}M "
+          f"active); vocab {exp.tokenizer.vocab_size}; train sequences {len(exp.data.train_sequences)} "
+          f"x {config.data.seq_len}; process {config.diffusion.process}; objective {type(exp.objective).__name__}",
+          flush=True)
+
+  mesh = sharding.make_mesh(config.mesh)
+  train_iter = text_lib.make_train_iterator(exp.data.train_sequences, config.data.batch_size, config.seed,
+                                            process_index=jax.process_index(), process_count=jax.process_count())
+
+  def eval_fn(params, ema_params):
+    use = ema_params if ema_params is not None else params
+    out = exp_lib.evaluate_likelihood(exp, use, num_batches=config.eval.num_batches)
+    return {k: v for k, v in out.items() if isinstance(v, (int, float))}
+
+  optimizer_cfg = config.optimizer.copy_and_resolve_references()
+  if not optimizer_cfg.total_steps:
+    optimizer_cfg.total_steps = config.train.num_steps
+  seq_len = config.data.seq_len
+  flops = exp_lib.flops_per_token(exp.model, seq_len) * exp_lib.objective_passes(config)
+  state = loop.train(
+      workdir=workdir,
+      init_fn=lambda key: T.init_params(exp.model, key),
+      loss_fn=exp.objective,
+      train_iterator=train_iter,
+      total_steps=config.train.num_steps,
+      optimizer_cfg=optimizer_cfg,
+      mesh=mesh,
+      param_logical_axes_fn=partitioning.logical_axes,
+      seed=config.seed,
+      grad_accum_steps=config.train.grad_accum_steps,
+      ema_decay=config.train.ema_decay,
+      log_every=config.train.log_every,
+      checkpoint_every=config.train.checkpoint_every,
+      keep_checkpoints=config.train.keep_checkpoints,
+      eval_fn=eval_fn,
+      eval_every=config.train.eval_every,
+      tokens_per_example=seq_len,
+      flops_per_token=flops,
+      peak_flops=config.train.get("peak_flops", 0) or None,
+  )
+  if sample_at_end and jax.process_index() == 0:
+    params = state.ema_params if state.ema_params is not None else state.params
+    texts, result = exp_lib.sample_texts(exp, params, [config.sampler.prompt], seed=config.seed)
+    kind = "autoregressive" if exp.is_autoregressive else f"diffusion ({config.sampler.selection})"
+    print(f"\nSample ({kind}, {result.forward_passes} forward passes):\n{config.sampler.prompt}{texts[0]}\n",
+          flush=True)
+  return exp, state
+
+
+def quiet_library_logs():
+  """orbax/grain/jax log every checkpoint step at INFO through absl; keep warnings and our own prints."""
+  import logging
+
+  from absl import logging as absl_logging
+
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  for name in ("orbax", "jax", "grain", "absl"):
+    logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _WORKDIR.value is None:
+    raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
+  from hackable_diffusion.training.distributed import maybe_initialize_distributed
+
+  quiet_library_logs()
+
+  maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _INIT_TIMEOUT.value)
+  run(_CONFIG.value, _WORKDIR.value, sample_at_end=_SAMPLES.value)
+
+
+if __name__ == "__main__":
+  cli.precheck_argv(sys.argv)
+  flags.mark_flags_as_required(["config"])
+  app.run(main)

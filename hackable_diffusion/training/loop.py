@@ -1,0 +1,232 @@
+"""The generic training loop: sharded init, resume, jitted steps, logging, eval, checkpoints, NaN stop.
+
+Model-agnostic: the model enters only through `init_fn(key) -> params`, `loss_fn(params, batch, key) -> (loss,
+metrics)` and `param_logical_axes_fn(path, shape)`; the data through any iterator of dicts of numpy arrays with
+`get_state()/set_state()` (a grain iterator). The structure follows the usual JAX LM loops (big_vision, MaxText,
+nanoGPT's train.py for directness).
+
+Deliberate choices:
+  * Parameters are created directly on the mesh (`jax.jit(init, out_shardings=...)`), and only when no checkpoint is
+    found: a resumed run restores onto the abstract state without materialising a fresh init first.
+  * The loss is checked every step (one scalar fetched from the device). A non-finite loss or gradient stops the run
+    with `NonFiniteLossError` naming the step and the last good checkpoint; the bad update was never applied (see
+    `train_state`) and no checkpoint is written after it.
+  * The data iterator is advanced exactly once per step and checkpointed with the state, so the k-th batch of a
+    resumed run is the k-th batch of an uninterrupted one; with the step rng = fold_in(seed key, step) a resumed
+    run matches an uninterrupted one bit for bit on the same hardware.
+  * Logged train metrics are the mean over the steps since the last log line.
+  * With several processes, every process runs this same function on its own shard of the data (`train_iterator`
+    yields the process-local rows of each global batch); only process 0 writes metrics and prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh
+
+from hackable_diffusion.training import checkpointing, metrics as metrics_lib, optimizers, sharding
+from hackable_diffusion.training.train_state import TrainState, jit_train_step, make_train_step
+
+PyTree = Any
+Hook = Callable[[int, TrainState, Mapping[str, float]], None]
+EvalFn = Callable[[PyTree, PyTree | None], Mapping[str, Any]]
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/Inf loss or gradient; the state was not updated and no checkpoint was written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """How long to train and how often to log, evaluate and checkpoint (0 disables eval / checkpoints)."""
+
+    total_steps: int
+    seed: int = 0
+    grad_accum_steps: int = 1
+    ema_decay: float = 0.0
+    log_every: int = 10
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 3
+    eval_every: int = 0
+    tokens_per_example: int | None = None
+    flops_per_token: float | None = None
+    peak_flops: float | None = None
+
+    def __post_init__(self):
+        if self.total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1, got {self.total_steps}.")
+        for name in ("log_every", "checkpoint_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 disables it), got {getattr(self, name)}.")
+
+
+def _say(message: str) -> None:
+    if jax.process_index() == 0:
+        print(message, flush=True)
+
+
+def _mean_metrics(history: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    keys = history[-1].keys()
+    return {k: float(np.mean([h[k] for h in history if k in h])) for k in keys}
+
+
+def train(
+    *,
+    workdir: str,
+    init_fn: Callable[[jax.Array], PyTree],
+    loss_fn: Callable[..., Any],
+    train_iterator: Iterator[Mapping[str, np.ndarray]],
+    total_steps: int,
+    optimizer_cfg: ml_collections.ConfigDict,
+    mesh: Mesh,
+    param_logical_axes_fn: sharding.LogicalAxesFn,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
+    seed: int = 0,
+    grad_accum_steps: int = 1,
+    ema_decay: float = 0.0,
+    log_every: int = 10,
+    checkpoint_every: int = 1000,
+    keep_checkpoints: int = 3,
+    eval_fn: EvalFn | None = None,
+    eval_every: int = 0,
+    tokens_per_example: int | None = None,
+    flops_per_token: float | None = None,
+    peak_flops: float | None = None,
+    trainable_mask: Any = None,
+    hooks: Sequence[Hook] = (),
+    drop_indivisible: bool = False,
+    compiler_options: Mapping[str, Any] | None = None,
+) -> TrainState:
+    """Trains until `total_steps` (resuming from `workdir/checkpoints` if present) and returns the final state.
+
+    Args:
+      workdir: run directory; gets checkpoints/, metrics.jsonl and tensorboard/.
+      init_fn: `init_fn(key) -> params` (pure; jitted with the param shardings as out_shardings).
+      loss_fn: `loss_fn(params, batch, key) -> (loss, metrics)`, the loss a mean over examples.
+      train_iterator: yields this process's rows of each global batch (dict of numpy arrays); checkpointed if it has
+        get_state/set_state.
+      optimizer_cfg: see `optimizers.make_optimizer`.
+      mesh, param_logical_axes_fn, rules, drop_indivisible: see `sharding.param_shardings`.
+      eval_fn: `eval_fn(params, ema_params) -> metrics`, called every `eval_every` steps and at the end.
+      tokens_per_example, flops_per_token, peak_flops: for tokens/s and MFU in the progress line.
+      hooks: `hook(step, state, metrics)` after every step (after logging and checkpointing).
+      compiler_options: XLA options for the init and train-step programs (see `train_state.jit_train_step`).
+
+    Raises:
+      NonFiniteLossError: the loss or gradients became NaN/Inf (message names the step and last good checkpoint).
+    """
+    cfg = LoopConfig(
+        total_steps=total_steps, seed=seed, grad_accum_steps=grad_accum_steps, ema_decay=ema_decay,
+        log_every=log_every, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+        eval_every=eval_every, tokens_per_example=tokens_per_example, flops_per_token=flops_per_token,
+        peak_flops=peak_flops,
+    )
+    optimizer = optimizers.make_optimizer(optimizer_cfg, trainable_mask)
+    schedule = optimizers.make_lr_schedule(optimizer_cfg)
+    init_key, train_key = jax.random.split(jax.random.key(cfg.seed))
+
+    def create_state(init_key, train_key):
+        return TrainState.create(init_fn(init_key), optimizer, train_key, use_ema=cfg.ema_decay > 0)
+
+    abstract = jax.eval_shape(create_state, init_key, train_key)
+    p_shardings = sharding.param_shardings(
+        abstract.params, param_logical_axes_fn, mesh, rules, drop_indivisible=drop_indivisible
+    )
+    s_shardings = sharding.state_shardings(abstract, p_shardings, mesh)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, s_shardings)
+
+    checkpointer = None
+    if cfg.checkpoint_every > 0:
+        checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"), cfg.keep_checkpoints)
+    data_to_checkpoint = train_iterator if hasattr(train_iterator, "get_state") else None
+    if checkpointer is not None and data_to_checkpoint is None:
+        _say("warning: train_iterator has no get_state()/set_state(); a resumed run will restart the data stream.")
+    restored = checkpointer.restore_latest(abstract, data_to_checkpoint) if checkpointer is not None else None
+    if restored is not None:
+        state, restored_step = restored
+        _say(f"Restored checkpoint at step {restored_step} from {checkpointer.directory}.")
+    else:
+        compile_opts = dict(compiler_options) if compiler_options else None
+        state = jax.jit(create_state, out_shardings=s_shardings, compiler_options=compile_opts)(
+            init_key, train_key
+        )
+        num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
+        _say(f"Initialised a new model (seed {cfg.seed}, {num_params:,} parameters); no checkpoint in {workdir}.")
+    start_step = int(state.step)
+    last_saved = start_step if restored is not None else None
+
+    train_step = jit_train_step(
+        make_train_step(
+            loss_fn, optimizer, lr_schedule=schedule, grad_accum_steps=cfg.grad_accum_steps, ema_decay=cfg.ema_decay
+        ),
+        mesh=mesh,
+        state_shardings=s_shardings,
+        batch_sharding=sharding.batch_sharding(mesh),
+        compiler_options=compiler_options,
+    )
+    writer = metrics_lib.MetricsWriter(workdir)
+    progress = None
+    history: list[dict[str, float]] = []
+
+    def save(step):
+        nonlocal last_saved
+        if checkpointer is not None and last_saved != step:
+            checkpointer.save(step, state, data_to_checkpoint)
+            last_saved = step
+
+    def run_eval(step):
+        eval_metrics = eval_fn(state.params, state.ema_params)
+        writer.write(step, eval_metrics, split="eval")
+        shown = ", ".join(f"{k} {float(np.asarray(v)):.4g}" for k, v in eval_metrics.items())
+        _say(f"eval at step {step}: {shown}")
+
+    try:
+        for step in range(start_step + 1, cfg.total_steps + 1):
+            host_batch = next(train_iterator)
+            if progress is None:
+                global_batch = next(iter(jax.tree.leaves(host_batch))).shape[0] * jax.process_count()
+                tokens_per_step = cfg.tokens_per_example * global_batch if cfg.tokens_per_example else None
+                progress = metrics_lib.ProgressLogger(
+                    cfg.total_steps, tokens_per_step, cfg.flops_per_token, cfg.peak_flops
+                )
+            state, step_metrics = train_step(state, sharding.shard_batch(host_batch, mesh))
+            step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+            if not step_metrics.pop("finite"):
+                last_good = "there is no checkpoint (checkpointing is off)"
+                if checkpointer is not None:
+                    checkpointer.wait()
+                    latest = checkpointer.latest_step()
+                    last_good = (f"the last good checkpoint is step {latest} in {checkpointer.directory}"
+                                 if latest is not None else f"there is no checkpoint yet in {checkpointer.directory}")
+                raise NonFiniteLossError(
+                    f"loss became non-finite at step {step} (loss={step_metrics['loss']}, "
+                    f"grad_norm={step_metrics['grad_norm']}); the update was not applied and no checkpoint was "
+                    f"written from it; {last_good}. Lower the learning rate (optimizer.peak_lr), lengthen "
+                    "warmup_steps, set clip_norm, or inspect this step's batch."
+                )
+            history.append(step_metrics)
+            line = progress.update(step, step_metrics["loss"])
+            if cfg.log_every and (step % cfg.log_every == 0 or step == cfg.total_steps):
+                writer.write(step, {**_mean_metrics(history), **progress.rates()}, split="train")
+                history = []
+                _say(line)
+            if eval_fn is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.total_steps):
+                run_eval(step)
+            if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == cfg.total_steps):
+                save(step)
+            for hook in hooks:
+                hook(step, state, step_metrics)
+        if checkpointer is not None:
+            save(int(state.step))
+    finally:
+        writer.close()
+        if checkpointer is not None:
+            checkpointer.close()
+    return state

@@ -1,0 +1,182 @@
+"""Training metrics: a JSONL file, TensorBoard event files, a one-line progress report, and a peak-FLOP/s probe.
+
+MFU (model FLOPs utilisation) follows PaLM (Chowdhery et al. 2022, appendix B): achieved model FLOP/s divided by the
+hardware peak. Here the "peak" can be measured (`measure_peak_matmul_flops`, a large jitted matmul on one device),
+which on CPUs is a more honest denominator than a datasheet number; it deliberately differs from PaLM in that.
+
+Only process 0 writes files (every process may call the writer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_RESERVED = ("step", "split", "wall_time")
+
+
+def _to_float(value: Any) -> float:
+    return float(np.asarray(value).item())
+
+
+class MetricsWriter:
+    """Appends `{"step", "split", "wall_time", <metric>: value, ...}` lines to `workdir/metrics.jsonl` and the same
+    scalars (tagged `split/name`) to TensorBoard event files under `workdir/tensorboard`."""
+
+    def __init__(self, workdir: str, *, enabled: bool | None = None):
+        self.enabled = jax.process_index() == 0 if enabled is None else enabled
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.tensorboard_dir = os.path.join(workdir, "tensorboard")
+        self._file = None
+        self._tb = None
+        if self.enabled:
+            import tensorboardX  # imported lazily: only process 0 pays for it
+
+            os.makedirs(workdir, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")
+            self._tb = tensorboardX.SummaryWriter(logdir=self.tensorboard_dir)
+
+    def write(self, step: int, values: Mapping[str, Any], *, split: str = "train") -> None:
+        """Writes scalar metrics (anything `np.asarray(...).item()` accepts, jax arrays included)."""
+        if not self.enabled:
+            return
+        clash = [k for k in values if k in _RESERVED]
+        if clash:
+            raise ValueError(f"metric names {clash} are reserved in metrics.jsonl; rename them.")
+        floats = {k: _to_float(v) for k, v in jax.device_get(dict(values)).items()}
+        record = {"step": int(step), "split": split, "wall_time": time.time()}
+        # JSON has no NaN/Inf: write them as strings so every line stays valid JSON.
+        record.update({k: (v if math.isfinite(v) else str(v)) for k, v in floats.items()})
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        for k, v in floats.items():
+            self._tb.add_scalar(f"{split}/{k}", v, int(step))
+
+    def flush(self) -> None:
+        if self.enabled:
+            self._file.flush()
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self.enabled and self._file is not None:
+            self._file.close()
+            self._tb.close()
+            self._file = None
+
+
+def read_metrics(workdir: str, split: str | None = None) -> list[dict[str, Any]]:
+    """The records of `workdir/metrics.jsonl` (optionally only one split)."""
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return [r for r in records if split is None or r["split"] == split]
+
+
+def format_duration(seconds: float) -> str:
+    """3m25s, 1h02m, 45s."""
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def format_count(x: float) -> str:
+    """11.0k, 2.5M, 950."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+class ProgressLogger:
+    """Formats `step 120/1000 | loss 3.21 | 4.3 steps/s | 11.0k tok/s | MFU 41% | ETA 3m25s`.
+
+    Rates are an exponential moving average (bias-corrected) of steps/s between calls. The first call only starts
+    the clock, so compilation time does not pollute the rate.
+    """
+
+    def __init__(
+        self,
+        total_steps: int,
+        tokens_per_step: float | None = None,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
+        *,
+        smoothing: float = 0.7,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.total_steps = total_steps
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self.smoothing = smoothing
+        self.clock = clock
+        self._last: tuple[int, float] | None = None
+        self._avg = 0.0
+        self._weight = 0.0
+
+    @property
+    def steps_per_sec(self) -> float | None:
+        return self._avg / self._weight if self._weight > 0 else None
+
+    def rates(self) -> dict[str, float]:
+        """steps_per_sec, tokens_per_sec and mfu as far as known (for the metrics file)."""
+        out = {}
+        sps = self.steps_per_sec
+        if sps is None:
+            return out
+        out["steps_per_sec"] = sps
+        if self.tokens_per_step:
+            out["tokens_per_sec"] = sps * self.tokens_per_step
+            if self.flops_per_token and self.peak_flops:
+                out["mfu"] = out["tokens_per_sec"] * self.flops_per_token / self.peak_flops
+        return out
+
+    def update(self, step: int, loss: float | None = None) -> str:
+        """Records that `step` steps are done and returns the progress line."""
+        now = self.clock()
+        if self._last is not None and step > self._last[0] and now > self._last[1]:
+            rate = (step - self._last[0]) / (now - self._last[1])
+            self._avg = self.smoothing * self._avg + (1 - self.smoothing) * rate
+            self._weight = self.smoothing * self._weight + (1 - self.smoothing)
+        self._last = (step, now)
+        parts = [f"step {step}/{self.total_steps}"]
+        if loss is not None:
+            parts.append(f"loss {loss:.4g}")
+        r = self.rates()
+        if "steps_per_sec" in r:
+            parts.append(f"{r['steps_per_sec']:.3g} steps/s")
+        if "tokens_per_sec" in r:
+            parts.append(f"{format_count(r['tokens_per_sec'])} tok/s")
+        if "mfu" in r:
+            parts.append(f"MFU {100 * r['mfu']:.0f}%")
+        if "steps_per_sec" in r:
+            parts.append(f"ETA {format_duration((self.total_steps - step) / r['steps_per_sec'])}")
+        return " | ".join(parts)
+
+
+def measure_peak_matmul_flops(n: int = 2048, dtype: Any = jnp.float32, *, repeats: int = 5) -> float:
+    """FLOP/s of a jitted (n x n) @ (n x n) matmul on the default device: median of `repeats` timed runs after a
+    warm-up. bf16 inputs accumulate in f32 (`preferred_element_type`), the fast path on CPUs (jax-notes §9)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
+    matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+    matmul(a, b).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, b).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2.0 * n**3 / statistics.median(times)

@@ -1,0 +1,381 @@
+"""Tests of the model-agnostic training infrastructure (optimizers, train step, sharding, checkpoints, loop).
+
+The model is the toy LM of tests/_toy_train_worker.py; the subprocess tests run that file as a script.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import _toy_train_worker as toy
+from hackable_diffusion.training import checkpointing, distributed, loop, metrics, optimizers, sharding
+from hackable_diffusion.training.train_state import TrainState, make_train_step
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(REPO, "tests", "_toy_train_worker.py")
+SUBPROCESS_TIMEOUT_S = 90
+
+
+def _mesh(data=1, fsdp=1, expert=1, tensor=1, devices=None):
+    return sharding.make_mesh(dict(data=data, fsdp=fsdp, expert=expert, tensor=tensor), devices)
+
+
+def _worker_env(num_devices, cache_dir):
+    env = dict(os.environ)
+    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}", JAX_PLATFORMS="cpu",
+               PYTHONUNBUFFERED="1")
+    # A persistent compilation cache shared by the workers of one test: restarted runs skip recompiling.
+    env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    for k in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
+        env.pop(k, None)
+    return env
+
+
+def _launch(args, cache_dir, num_devices=1):
+    return subprocess.Popen([sys.executable, WORKER, *args], cwd=REPO, env=_worker_env(num_devices, cache_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc):
+    try:
+        out, _ = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"worker timed out after {SUBPROCESS_TIMEOUT_S}s:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+def _jit(fn):
+    return jax.jit(fn, compiler_options=toy.FAST_COMPILE)
+
+
+def _create_state(tx, use_ema=False):
+    return _jit(lambda: TrainState.create(toy.init_fn(jax.random.key(0)), tx, jax.random.key(1), use_ema=use_ema))()
+
+
+def _losses(workdir):
+    by_step = {}
+    for r in metrics.read_metrics(workdir, "train"):
+        by_step[r["step"]] = r["loss"]  # a resumed run rewrites the steps after its checkpoint
+    return by_step
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Optimizers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_unknown_optimizer_name_lists_valid_names():
+    with pytest.raises(ValueError, match=r"unknown optimizer name 'sgdd'.*adafactor.*adamw"):
+        optimizers.make_optimizer(toy.optimizer_cfg(10, name="sgdd"))
+
+
+def test_warmup_cosine_schedule_values():
+    cfg = toy.optimizer_cfg(110, peak_lr=1.0, end_lr=0.1, warmup_steps=10)
+    lr = optimizers.make_lr_schedule(cfg)
+    expected = {0: 0.0, 5: 0.5, 10: 1.0, 60: 0.1 + 0.9 * 0.5, 35: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)),
+                110: 0.1, 500: 0.1}
+    for step, value in expected.items():
+        np.testing.assert_allclose(float(lr(step)), value, rtol=1e-6, atol=1e-7, err_msg=f"step {step}")
+
+
+@pytest.mark.parametrize("name", ["adamw", "adafactor"])
+def test_trainable_mask_keeps_frozen_params_bit_identical(name):
+    params = jax.device_get(_jit(toy.init_fn)(jax.random.key(0)))
+    mask = jax.tree.map(lambda _: True, params)
+    mask["embed"] = False
+    mask["experts"]["w_in"] = False
+    tx = optimizers.make_optimizer(toy.optimizer_cfg(10, name=name, warmup_steps=0), trainable_mask=mask)
+    state = _create_state(tx)
+    step = _jit(make_train_step(toy.make_loss_fn(), tx))
+    it = toy.make_iterator()
+    for _ in range(3):
+        state, m = step(state, next(it))
+        assert bool(m["finite"])
+    assert np.array_equal(state.params["embed"], params["embed"])
+    assert np.array_equal(state.params["experts"]["w_in"], params["experts"]["w_in"])
+    assert not np.array_equal(state.params["out"]["kernel"], params["out"]["kernel"])
+    assert not np.array_equal(state.params["experts"]["w_out"], params["experts"]["w_out"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Train step
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_grad_accumulation_matches_full_batch_and_non_finite_steps_are_skipped():
+    tx = optimizers.make_optimizer(toy.optimizer_cfg(10, warmup_steps=0))
+    loss_fn = toy.make_loss_fn(noise=0.0)  # rng-free, so micro-batch keys do not matter
+    batch = next(toy.make_iterator(global_batch=16))
+    state = _create_state(tx, use_ema=True)
+    steps = {accum: _jit(make_train_step(loss_fn, tx, grad_accum_steps=accum, ema_decay=0.5)) for accum in (1, 2)}
+    (s1, m1), (s2, m2) = steps[1](state, batch), steps[2](state, batch)
+    assert bool(m1["finite"]) and bool(m2["finite"])
+    np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6)
+    np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
+    np.testing.assert_allclose(m1["ce"], m2["ce"], rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), s1.params, s2.params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), s1.ema_params, s2.ema_params)
+    assert int(s1.step) == 1 and not np.array_equal(s1.params["embed"], state.params["embed"])
+    with pytest.raises(ValueError, match="not divisible by grad_accum_steps=3"):
+        _jit(make_train_step(loss_fn, tx, grad_accum_steps=3, ema_decay=0.5))(state, batch)
+
+    # One NaN weight poisons loss and grads: the state comes back unchanged, flagged non-finite.
+    poisoned = dict(batch, weight=np.where(np.arange(16) == 3, np.nan, 1.0).astype(np.float32))
+    s_bad, m_bad = steps[1](s1, poisoned)
+    assert not bool(m_bad["finite"]) and np.isnan(m_bad["loss"])
+    jax.tree.map(np.testing.assert_array_equal, s_bad, s1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sharding
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_mesh_errors_and_fill():
+    assert dict(_mesh(data=-1, tensor=2).shape) == dict(data=4, fsdp=1, expert=1, tensor=2)
+    with pytest.raises(ValueError, match="has 6 devices but there are 8"):
+        _mesh(data=3, tensor=2)
+    with pytest.raises(ValueError, match=r"at most one mesh axis may be -1.*\['data', 'tensor'\]"):
+        _mesh(data=-1, tensor=-1)
+    with pytest.raises(ValueError, match="unknown mesh axes"):
+        sharding.make_mesh(dict(data=8, model=1))
+    mesh = _mesh(fsdp=2, expert=4)
+    with pytest.raises(ValueError, match="dimension 'experts' of size 6 is not divisible by mesh axis 'expert' of size 4"):
+        sharding.logical_to_spec(("experts", "embed"), sharding.DEFAULT_RULES, mesh, (6, 8))
+    assert sharding.logical_to_spec(("experts", "embed"), sharding.DEFAULT_RULES, mesh, (6, 8),
+                                    drop_indivisible=True) == P(None, "fsdp")
+    with pytest.raises(ValueError, match="logical axis 'widgets' has no rule"):
+        sharding.logical_to_spec(("widgets",), sharding.DEFAULT_RULES, mesh, (8,))
+    with pytest.raises(ValueError, match="mesh axis 'fsdp' is used by both"):
+        sharding.logical_to_spec(("embed", "embed"), sharding.DEFAULT_RULES, mesh, (8, 8))
+    # batch -> (data, fsdp): keeps the prefix that divides when allowed to drop.
+    mesh2 = _mesh(data=2, fsdp=2, tensor=2)
+    assert sharding.logical_to_spec(("batch", None), sharding.DEFAULT_RULES, mesh2, (8, 3)) == P(("data", "fsdp"), None)
+    assert sharding.logical_to_spec(("batch",), sharding.DEFAULT_RULES, mesh2, (2,), drop_indivisible=True) == P("data")
+
+
+def test_param_shardings_cover_every_param_and_expert_check():
+    params = jax.eval_shape(toy.init_fn, jax.random.key(0))
+    mesh = _mesh(fsdp=2, expert=2, tensor=2)
+    shardings = sharding.param_shardings(params, toy.logical_axes_fn, mesh)
+    assert shardings["experts"]["w_in"].spec == P("expert", "fsdp", "tensor")
+    assert shardings["embed"].spec == P("tensor", "fsdp")
+    assert sharding.replicated_expert_params(params, shardings, toy.logical_axes_fn) == []
+    rules = dict(sharding.DEFAULT_RULES, experts=None)
+    bad = sharding.param_shardings(params, toy.logical_axes_fn, mesh, rules)
+    assert sharding.replicated_expert_params(params, bad, toy.logical_axes_fn) == ["experts/w_in", "experts/w_out"]
+    params_extra = dict(params, mystery=jax.ShapeDtypeStruct((4,), jnp.float32))
+    with pytest.raises(ValueError, match="no logical axes for parameter 'mystery'"):
+        sharding.param_shardings(params_extra, toy.logical_axes_fn, mesh)
+
+
+def _run_toy_loop(workdir, mesh, steps, **kwargs):
+    defaults = dict(
+        workdir=str(workdir), init_fn=toy.init_fn, loss_fn=toy.make_loss_fn(), train_iterator=toy.make_iterator(),
+        total_steps=steps, optimizer_cfg=toy.optimizer_cfg(steps), mesh=mesh, param_logical_axes_fn=toy.logical_axes_fn,
+        seed=0, log_every=1, checkpoint_every=0, compiler_options=toy.FAST_COMPILE,
+    )
+    defaults.update(kwargs)
+    return loop.train(**defaults)
+
+
+def test_sharded_training_matches_single_device(tmp_path):
+    steps = 4
+    sharded = _run_toy_loop(tmp_path / "sharded", _mesh(data=2, fsdp=2, tensor=2), steps, ema_decay=0.9)
+    eval_batch = next(toy.make_iterator())
+    eval_loss = _jit(lambda p: toy.make_loss_fn(noise=0.0)(p, eval_batch, None)[0])
+
+    def eval_fn(params, ema_params):
+        return {"loss": eval_loss(params), "ema_loss": eval_loss(ema_params)}
+
+    single = _run_toy_loop(tmp_path / "single", _mesh(devices=jax.devices()[:1]), steps, ema_decay=0.9,
+                           eval_fn=eval_fn, eval_every=2, tokens_per_example=toy.SEQ)
+    assert sharded.params["experts"]["w_in"].sharding.spec == P("expert", "fsdp", "tensor")
+    assert len(sharded.params["experts"]["w_in"].sharding.device_set) == 8
+    mu = sharded.opt_state[1][0].mu["out"]["kernel"]  # (clip, adamw chain, ...): Adam's first moment
+    assert mu.sharding.spec == P("fsdp", "tensor")
+    l_sharded, l_single = _losses(tmp_path / "sharded"), _losses(tmp_path / "single")
+    assert sorted(l_sharded) == list(range(1, steps + 1))
+    np.testing.assert_allclose([l_sharded[s] for s in l_single], list(l_single.values()), rtol=1e-5)
+    assert l_single[steps] < l_single[1]
+    evals = metrics.read_metrics(str(tmp_path / "single"), "eval")
+    assert [r["step"] for r in evals] == [2, 4] and all(np.isfinite(r["ema_loss"]) for r in evals)
+    last_train = metrics.read_metrics(str(tmp_path / "single"), "train")[-1]
+    assert {"loss", "ce", "grad_norm", "param_norm", "lr", "steps_per_sec", "tokens_per_sec"} <= set(last_train)
+    for a, b in zip(jax.tree.leaves(sharded.params), jax.tree.leaves(single.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints, NaN stop, metrics
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, caplog):
+    mesh = _mesh(data=2, fsdp=2, tensor=2)
+    tx = optimizers.make_optimizer(toy.optimizer_cfg(10))
+    create = lambda: TrainState.create(toy.init_fn(jax.random.key(0)), tx, jax.random.key(1))  # noqa: E731
+    abstract = jax.eval_shape(create)
+    p_shard = sharding.param_shardings(abstract.params, toy.logical_axes_fn, mesh)
+    s_shard = sharding.state_shardings(abstract, p_shard, mesh)
+    state = jax.jit(create, out_shardings=s_shard, compiler_options=toy.FAST_COMPILE)()
+    bump = jax.jit(lambda s: s.replace(step=s.step + 1, params=jax.tree.map(lambda x: x + 1.0, s.params)),
+                   out_shardings=s_shard, compiler_options=toy.FAST_COMPILE)
+    it = toy.make_iterator()
+    ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), max_to_keep=3)
+    saved = {}
+    for step in (1, 2):
+        next(it)
+        state = bump(state)
+        ckpt.save(step, state, it)
+        saved[step] = (jax.device_get(state.params), it.get_state())
+    bad = state.replace(params=jax.tree.map(lambda x: x * jnp.nan, state.params))
+    with pytest.raises(checkpointing.NonFiniteStateError, match="refusing to checkpoint step 3"):
+        ckpt.save(3, bad, it)
+    ckpt.close()
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["1", "2"]
+    # Damage step 2: truncate every array chunk file and delete its data-iterator item.
+    for root, _, files in os.walk(tmp_path / "ckpt" / "2" / "state"):
+        for f in files:
+            if os.path.basename(root) == "d":
+                path = os.path.join(root, f)
+                os.truncate(path, os.path.getsize(path) // 2)
+    shutil.rmtree(tmp_path / "ckpt" / "2" / "data")
+
+    fresh_it = toy.make_iterator()
+    ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), max_to_keep=3)
+    with caplog.at_level(logging.WARNING, logger=checkpointing.logger.name):
+        restored, step = ckpt.restore_latest(checkpointing.abstract_like(state), fresh_it)
+    assert step == 1 and int(restored.step) == 1
+    assert any("checkpoint step 2" in r.getMessage() and "falling back" in r.getMessage() for r in caplog.records)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), saved[1][0])
+    assert restored.params["experts"]["w_in"].sharding == state.params["experts"]["w_in"].sharding
+    assert fresh_it.get_state() == saved[1][1]
+    # Training on from step 1 and saving step 2 again replaces the damaged step 2.
+    next(fresh_it)
+    ckpt.save(2, bump(restored), fresh_it)
+    ckpt.wait()
+    again, step = ckpt.restore_latest(checkpointing.abstract_like(state), toy.make_iterator())
+    ckpt.close()
+    assert step == 2
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(again.params), saved[2][0])
+
+
+def test_nan_loss_stops_training_without_bad_checkpoint(tmp_path):
+    with pytest.raises(loop.NonFiniteLossError, match=r"non-finite at step 5 .*the last good checkpoint is step 4"):
+        _run_toy_loop(tmp_path, _mesh(devices=jax.devices()[:1]), 8, checkpoint_every=2,
+                      train_iterator=toy.make_iterator(nan_at_batch=4))
+    assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints")) == [2, 4]
+    assert max(_losses(tmp_path)) == 4
+
+
+def test_metrics_files_and_progress_line(tmp_path):
+    writer = metrics.MetricsWriter(str(tmp_path))
+    writer.write(3, {"loss": jnp.float32(1.5), "acc": 0.25})
+    writer.write(3, {"bpt": np.float64(np.nan)}, split="eval")
+    with pytest.raises(ValueError, match="reserved"):
+        writer.write(4, {"step": 1.0})
+    writer.close()
+    records = metrics.read_metrics(str(tmp_path))
+    assert records[0]["step"] == 3 and records[0]["split"] == "train" and records[0]["loss"] == 1.5
+    assert records[1] == {**records[1], "split": "eval", "bpt": "nan"}
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tensorboard"))
+
+    clock = iter([0.0, 10.0, 20.0]).__next__
+    progress = metrics.ProgressLogger(1000, tokens_per_step=2560, flops_per_token=1e6, peak_flops=1e11,
+                                      clock=clock)
+    assert progress.update(100, 3.5) == "step 100/1000 | loss 3.5"
+    progress.update(140, 3.3)  # 4 steps/s
+    line = progress.update(180, 3.21)
+    assert line == "step 180/1000 | loss 3.21 | 4 steps/s | 10.2k tok/s | MFU 10% | ETA 3m25s"
+
+
+def test_distributed_config_validation(monkeypatch):
+    for k in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
+        monkeypatch.delenv(k, raising=False)
+    assert distributed.maybe_initialize_distributed() is False
+    monkeypatch.setenv(distributed.ENV_NUM_PROCESSES, "2")
+    with pytest.raises(ValueError, match=r"missing \['coordinator_address', 'process_id'\]"):
+        distributed.maybe_initialize_distributed()
+    monkeypatch.setenv(distributed.ENV_PROCESS_ID, "x")
+    with pytest.raises(ValueError, match="JAX_PROCESS_ID='x' is not a valid int"):
+        distributed.maybe_initialize_distributed()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Subprocess tests: exact resume after SIGKILL, 2 processes == 1 process
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_resume_after_sigkill_is_bit_exact(tmp_path):
+    steps = 8
+    common = ["--total_steps", str(steps), "--checkpoint_every", "3"]
+    cache = tmp_path / "jax_cache"
+    ref = _launch(["--workdir", str(tmp_path / "ref"), "--out", str(tmp_path / "ref.npz"), *common], cache)
+    # Killed at step 6, right after the async save of step 6 started (it may or may not finish).
+    killed = _launch(["--workdir", str(tmp_path / "run"), "--kill_at_step", "6", "--kill_after_checkpoint", "3",
+                      *common], cache)
+    rc_ref, out_ref = _finish(ref)
+    rc_killed, out_killed = _finish(killed)
+    assert rc_ref == 0, out_ref[-3000:]
+    assert rc_killed == -9 and "killing myself at step 6" in out_killed, out_killed[-3000:]
+    rc, out = _finish(_launch(["--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "run.npz"), *common], cache))
+    assert rc == 0, out[-3000:]
+    assert "Restored checkpoint at step 3" in out or "Restored checkpoint at step 6" in out, out[-3000:]
+    ref_arrays, run_arrays = np.load(tmp_path / "ref.npz"), np.load(tmp_path / "run.npz")
+    assert sorted(ref_arrays.files) == sorted(run_arrays.files) and len(ref_arrays.files) == 10
+    for name in ref_arrays.files:
+        assert np.array_equal(ref_arrays[name], run_arrays[name]), name
+    assert _losses(tmp_path / "ref") == _losses(tmp_path / "run")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process(tmp_path):
+    """2 processes x 2 CPU devices (each reading its half of every global batch) train like 1 process x 4 devices;
+    the 2-process run checkpoints at step 3, then calls train() again, which restores it in both processes."""
+    steps, port = 5, _free_port()
+    workdir = tmp_path / "mp"
+    procs = [
+        _launch(["--workdir", str(workdir), "--total_steps", "3", "--resume_to", str(steps), "--checkpoint_every",
+                 "3", "--mesh", "2,1,1,2", "--coordinator", f"127.0.0.1:{port}", "--num_processes", "2",
+                 "--process_id", str(i), "--out", str(tmp_path / "mp.npz")], tmp_path / "jax_cache", num_devices=2)
+        for i in range(2)
+    ]
+    single = _run_toy_loop(tmp_path / "sp", _mesh(data=2, tensor=2, devices=jax.devices()[:4]), steps, ema_decay=0.9)
+    results = [_finish(p) for p in procs]
+    for rc, out in results:
+        assert rc == 0, out[-3000:]
+    out = results[0][1]
+    assert "Initialised a new model" in out and "Restored checkpoint at step 3" in out, out[-3000:]
+    assert sorted(int(s) for s in os.listdir(workdir / "checkpoints")) == [3, 5]
+
+    l_mp, l_sp = _losses(workdir), _losses(tmp_path / "sp")
+    assert sorted(l_mp) == sorted(l_sp) == list(range(1, steps + 1))
+    np.testing.assert_allclose([l_mp[s] for s in sorted(l_sp)], [l_sp[s] for s in sorted(l_sp)], rtol=1e-5)
+    mp_arrays = np.load(tmp_path / "mp.npz")
+    flat = {"/".join(sharding.path_to_names(p)): np.asarray(x)
+            for p, x in jax.tree_util.tree_flatten_with_path({"params": single.params, "ema": single.ema_params})[0]}
+    assert sorted(flat) == sorted(mp_arrays.files)
+    for name, value in flat.items():
+        np.testing.assert_allclose(mp_arrays[name], value, rtol=1e-4, atol=1e-6, err_msg=name)

@@ -82,3 +82,14 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
     raise FileNotFoundError(f"{path} not found: is {workdir!r} a training workdir (python -m hackable_diffusion.train "
                             "writes config.json there)?")
   return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def quiet_library_logs():
+  """orbax/grain/jax log every checkpoint step at INFO through absl; keep warnings and our own prints."""
+  import logging
+
+  from absl import logging as absl_logging
+
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  for name in ("orbax", "jax", "grain", "absl"):
+    logging.getLogger(name).setLevel(logging.WARNING)

@@ -9,6 +9,7 @@ evaluation reuse exactly the model shape, process and tokenizer that training us
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import pathlib
 from typing import Any
@@ -99,8 +100,11 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
 
 def build_sampler(config: ml_collections.ConfigDict, process: NoiseProcess, **overrides: Any) -> DiffusionSampler:
   s = config.sampler
-  kwargs = s.selection_kwargs.to_dict() if isinstance(s.selection_kwargs, ml_collections.ConfigDict) else dict(
-      s.selection_kwargs)
+  try:
+    kwargs = json.loads(s.selection_kwargs) if s.selection_kwargs else {}
+  except json.JSONDecodeError as err:
+    raise ValueError(f"config.sampler.selection_kwargs must be a JSON object like '{{\"gamma\": 0.1}}', got "
+                     f"{s.selection_kwargs!r} ({err}).") from None
   sampler = DiffusionSampler(
       process=process,
       selection=make_selection(s.selection, **kwargs),
@@ -196,3 +200,52 @@ def workdir_path(workdir: str) -> pathlib.Path:
   path = pathlib.Path(workdir)
   path.mkdir(parents=True, exist_ok=True)
   return path
+
+
+def optimizer_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The optimizer section with `total_steps` resolved (0 means `train.num_steps`)."""
+  cfg = config.optimizer.copy_and_resolve_references()
+  if not cfg.total_steps:
+    cfg.total_steps = config.train.num_steps
+  return cfg
+
+
+def load_params(exp: Experiment, workdir: str, *, use_ema: bool = True, step: int | None = None):
+  """Parameters of the latest (or given) checkpoint in `workdir/checkpoints`, on the default device.
+
+  Returns (params, step). The EMA parameters are used when the run kept them and `use_ema`.
+  """
+  from hackable_diffusion.training import checkpointing, optimizers
+  from hackable_diffusion.training.train_state import TrainState
+
+  config = exp.config
+  optimizer = optimizers.make_optimizer(optimizer_config(config))
+  with_ema = config.train.ema_decay > 0
+
+  def create():
+    params = T.init_params(exp.model, jax.random.key(0))
+    return TrainState.create(params, optimizer, jax.random.key(0), use_ema=with_ema)
+
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), jax.eval_shape(create))
+  ckpt = checkpointing.Checkpointer(str(pathlib.Path(workdir) / "checkpoints"), async_save=False)
+  try:
+    if step is None:
+      restored = ckpt.restore_latest(abstract)
+      if restored is None:
+        raise FileNotFoundError(f"No checkpoint in {workdir}/checkpoints: train first with python -m "
+                                f"hackable_diffusion.train --config ... --workdir {workdir}.")
+      state, step = restored
+    else:
+      state = ckpt.restore(step, abstract)
+  finally:
+    ckpt.close()
+  params = state.ema_params if (use_ema and state.ema_params is not None) else state.params
+  return params, int(step)
+
+
+def from_workdir(workdir: str) -> Experiment:
+  """Rebuilds the experiment of a training run from its saved config and tokenizer."""
+  from hackable_diffusion import cli
+
+  return build(cli.load_saved_config(workdir), workdir)

@@ -57,7 +57,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(num_batches=8, batch_size=32, num_samples=2))
   c.sampler = ml_collections.ConfigDict(dict(
       selection="entropy_bound",  # any key of sampling.selection.SELECTION_RULES
-      selection_kwargs=ml_collections.ConfigDict(dict(gamma=0.1)),
+      selection_kwargs='{"gamma": 0.1}',  # JSON: the rule's arguments, e.g. '{"tau": 0.9}' for "threshold"
       early_stopping="diffusiongemma",  # any key of sampling.early_stopping.EARLY_STOPPING
       min_temperature=0.4, max_temperature=0.8, temperature_exponent=1.0,
       num_steps=32, canvas_len=32, max_new_tokens=128, prompt="ROMEO:", ar_temperature=0.8))

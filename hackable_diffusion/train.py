@@ -95,17 +95,6 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
   return exp, state
 
 
-def quiet_library_logs():
-  """orbax/grain/jax log every checkpoint step at INFO through absl; keep warnings and our own prints."""
-  import logging
-
-  from absl import logging as absl_logging
-
-  absl_logging.set_verbosity(absl_logging.WARNING)
-  for name in ("orbax", "jax", "grain", "absl"):
-    logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -113,7 +102,7 @@ def main(argv):
     raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
   from hackable_diffusion.training.distributed import maybe_initialize_distributed
 
-  quiet_library_logs()
+  cli.quiet_library_logs()
 
   maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _INIT_TIMEOUT.value)
   run(_CONFIG.value, _WORKDIR.value, sample_at_end=_SAMPLES.value)

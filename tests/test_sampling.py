@@ -24,6 +24,10 @@ from hackable_diffusion.sampling.canvas import DiffusionSampler, canvas_logits, 
 from hackable_diffusion.sampling.generate import (ARSampling, commit_canvas, generate, generate_ar, pad_prompts,
                                                   truncate_at_stop)
 
+# Jitted model calls (an eager linen pass over a scanned model is far slower than compiling it once).
+append = jax.jit(T.append, static_argnums=0)
+forward = jax.jit(T.forward, static_argnums=0, static_argnames=("causal",))
+
 VOCAB = 64
 CANVAS = 4
 STEPS = 6
@@ -33,7 +37,7 @@ STEPS = 6
 def model_and_params():
     cfg = TransformerConfig.from_dict(dict(presets.tiny(vocab_size=VOCAB, moe=False), self_conditioning=True))
     model = T.Transformer(cfg)
-    params = T.init_params(model, jax.random.key(0))
+    params = jax.jit(lambda key: T.init_params(model, key))(jax.random.key(0))
     # Sharper predictions than a fresh init, so entropies and confidences are not all near their maxima.
     params = jax.tree_util.tree_map_with_path(
         lambda path, x: x * 8.0 if "embedder" in jax.tree_util.keystr(path) else x, params)
@@ -45,8 +49,8 @@ def uniform_sampler(**changes):
 
 
 def masking_sampler(selection, **changes):
-    return DiffusionSampler(MaskingProcess(VOCAB, LinearSchedule(), MASK_ID), selection=selection,
-                            num_steps=STEPS, canvas_length=CANVAS, **changes)
+    options = dict(num_steps=STEPS, canvas_length=CANVAS) | changes
+    return DiffusionSampler(MaskingProcess(VOCAB, LinearSchedule(), MASK_ID), selection=selection, **options)
 
 
 PROMPTS = [[BOS_ID, 5, 6, 7], [BOS_ID, 9, 10, 11, 12, 13]]  # different lengths: row 0 is right-padded in a batch
@@ -76,9 +80,10 @@ def test_canvas_logits_equal_full_forward_with_hand_built_mask(model_and_params)
     prompt, prompt_mask = pad_prompts(PROMPTS)
     p = prompt.shape[1]
     canvas = jax.random.randint(jax.random.key(1), (2, CANVAS), 4, VOCAB)
-    sc = T.model_method(model, params, "sc_signal", jax.random.normal(jax.random.key(2), (2, CANVAS, VOCAB)))
+    sc = jax.jit(lambda x: T.model_method(model, params, "sc_signal", x))(
+        jax.random.normal(jax.random.key(2), (2, CANVAS, VOCAB)))
     cache = init_cache(model.cfg, 2, p + CANVAS)
-    _, cache = T.append(model, params, prompt, cache, token_mask=prompt_mask)
+    _, cache = append(model, params, prompt, cache, token_mask=prompt_mask)
     got = canvas_logits(model, params, cache, canvas, sc)
 
     token_mask = np.concatenate([np.asarray(prompt_mask), np.ones((2, CANVAS), bool)], axis=1)
@@ -88,9 +93,10 @@ def test_canvas_logits_equal_full_forward_with_hand_built_mask(model_and_params)
             for k in range(p + CANVAS):
                 visible = k <= q if q < p else True  # prompt causal; canvas sees every prompt token and itself
                 mask[row, q, k] = visible and token_mask[row, k]
-    embeddings = jnp.concatenate([T.model_method(model, params, "embed", prompt),
-                                  _self_condition(model, params, canvas, sc)], axis=1)
-    want, _ = T.forward(model, params, jnp.concatenate([prompt, canvas], axis=1), token_mask=jnp.asarray(token_mask),
+    embeddings = jax.jit(lambda p, c, x: jnp.concatenate([T.model_method(model, params, "embed", p),
+                                                          _self_condition(model, params, c, x)], axis=1))(
+        prompt, canvas, sc)
+    want, _ = forward(model, params, jnp.concatenate([prompt, canvas], axis=1), token_mask=jnp.asarray(token_mask),
                         mask=jnp.asarray(mask), input_embeddings=embeddings)
     np.testing.assert_allclose(got, want[:, p:], atol=3e-5)
 
@@ -105,11 +111,11 @@ def test_commit_then_next_canvas_equals_prefill_of_prompt_and_canvas(model_and_p
     np.testing.assert_array_equal(stopped, [True, False])
 
     cache = init_cache(model.cfg, 2, p + 2 * CANVAS)
-    _, cache = T.append(model, params, prompt, cache, token_mask=prompt_mask)
+    _, cache = append(model, params, prompt, cache, token_mask=prompt_mask)
     committed = commit_canvas(model, params, cache, canvas)
     whole = jnp.concatenate([prompt, canvas], axis=1)
     whole_mask = jnp.concatenate([prompt_mask, canvas != PAD_ID], axis=1)
-    _, prefilled = T.append(model, params, whole, init_cache(model.cfg, 2, p + 2 * CANVAS), token_mask=whole_mask)
+    _, prefilled = append(model, params, whole, init_cache(model.cfg, 2, p + 2 * CANVAS), token_mask=whole_mask)
     assert int(committed.end_index) == int(prefilled.end_index) == p + CANVAS
     np.testing.assert_array_equal(committed.valid, prefilled.valid)
     np.testing.assert_array_equal(committed.positions, prefilled.positions)
@@ -313,7 +319,7 @@ def prefix_cache(model_and_params):
     model, params = model_and_params
     prompt, prompt_mask = pad_prompts(PROMPTS + [[BOS_ID, 3, 4]])
     cache = init_cache(model.cfg, 3, prompt.shape[1])
-    return T.append(model, params, prompt, cache, token_mask=prompt_mask)[1]
+    return append(model, params, prompt, cache, token_mask=prompt_mask)[1]
 
 
 def test_early_stopping_stops_rows_independently_and_freezes_finished_rows(model_and_params, prefix_cache):
@@ -455,7 +461,7 @@ def test_ar_greedy_with_cache_equals_argmax_of_full_forwards(model_and_params):
     assert result.forward_passes == 1 + 6
     for row, prompt in enumerate(PROMPTS):
         seq = jnp.asarray([prompt + result.tokens[row].tolist()])
-        logits, _ = T.forward(model, params, seq, causal=True)  # teacher-forced: each prefix's next-token logits
+        logits, _ = forward(model, params, seq, causal=True)  # teacher-forced: each prefix's next-token logits
         want = np.asarray(jnp.argmax(logits[0, len(prompt) - 1:-1], axis=-1))
         np.testing.assert_array_equal(result.tokens[row], want)
     # Per-row stop: stop at a token row 0 produces; its later tokens become PAD, row 1 is unaffected unless it too

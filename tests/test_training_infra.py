@@ -15,14 +15,13 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import _toy_train_worker as toy
 from hackable_diffusion.training import checkpointing, distributed, loop, metrics, optimizers, sharding
-from hackable_diffusion.training.train_state import TrainState, make_train_step
+from hackable_diffusion.training.train_state import TrainState, make_train_step, step_key
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, "tests", "_toy_train_worker.py")
@@ -97,16 +96,28 @@ def test_warmup_cosine_schedule_values():
 @pytest.mark.parametrize("name", ["adamw", "adafactor"])
 def test_trainable_mask_keeps_frozen_params_bit_identical(name):
     params = jax.device_get(_jit(toy.init_fn)(jax.random.key(0)))
-    mask = jax.tree.map(lambda _: True, params)
-    mask["embed"] = False
-    mask["experts"]["w_in"] = False
+
+    def mask_fn(tree):  # frozen: the embedding and the experts' input projection
+        mask = jax.tree.map(lambda _: True, tree)
+        mask["embed"] = False
+        mask["experts"]["w_in"] = False
+        return mask
+
+    # adamw gets the mask as a pytree of bools, adafactor as a callable.
+    mask = mask_fn(params) if name == "adamw" else mask_fn
     tx = optimizers.make_optimizer(toy.optimizer_cfg(10, name=name, warmup_steps=0), trainable_mask=mask)
     state = _create_state(tx)
-    step = _jit(make_train_step(toy.make_loss_fn(), tx))
+    step = _jit(make_train_step(toy.make_loss_fn(), tx, trainable_mask=mask))
     it = toy.make_iterator()
-    for _ in range(3):
-        state, m = step(state, next(it))
+    batch = next(it)
+    grads = _jit(jax.grad(lambda p: toy.make_loss_fn()(p, batch, step_key(state.rng, state.step))[0]))(state.params)
+    for i in range(3):
+        state, m = step(state, batch if i == 0 else next(it))
         assert bool(m["finite"])
+        if i == 0:  # grad_norm covers the trainable params only
+            trainable = [grads["out"]["kernel"], grads["out"]["bias"], grads["experts"]["w_out"]]
+            np.testing.assert_allclose(m["grad_norm"], np.sqrt(sum(np.sum(np.square(g)) for g in trainable)),
+                                       rtol=1e-5)
     assert np.array_equal(state.params["embed"], params["embed"])
     assert np.array_equal(state.params["experts"]["w_in"], params["experts"]["w_in"])
     assert not np.array_equal(state.params["out"]["kernel"], params["out"]["kernel"])
@@ -156,7 +167,8 @@ def test_mesh_errors_and_fill():
     with pytest.raises(ValueError, match="unknown mesh axes"):
         sharding.make_mesh(dict(data=8, model=1))
     mesh = _mesh(fsdp=2, expert=4)
-    with pytest.raises(ValueError, match="dimension 'experts' of size 6 is not divisible by mesh axis 'expert' of size 4"):
+    with pytest.raises(ValueError,
+                       match="dimension 'experts' of size 6 is not divisible by mesh axis 'expert' of size 4"):
         sharding.logical_to_spec(("experts", "embed"), sharding.DEFAULT_RULES, mesh, (6, 8))
     assert sharding.logical_to_spec(("experts", "embed"), sharding.DEFAULT_RULES, mesh, (6, 8),
                                     drop_indivisible=True) == P(None, "fsdp")
@@ -304,6 +316,8 @@ def test_metrics_files_and_progress_line(tmp_path):
     progress.update(140, 3.3)  # 4 steps/s
     line = progress.update(180, 3.21)
     assert line == "step 180/1000 | loss 3.21 | 4 steps/s | 10.2k tok/s | MFU 10% | ETA 3m25s"
+    peak = metrics.measure_peak_matmul_flops(n=128, repeats=3)
+    assert 1e6 < peak < 1e15
 
 
 def test_distributed_config_validation(monkeypatch):

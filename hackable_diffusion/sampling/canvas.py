@@ -33,6 +33,7 @@ Differences from the reference, on purpose:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax
@@ -163,6 +164,7 @@ def row_keys(key: Any, batch_size: int) -> Array:
     return key
 
 
+@functools.partial(jax.jit, static_argnames=("model",))
 def canvas_logits(model: T.Transformer, params: Any, cache: KVCache, canvas: Int[Array, "b c"],
                   sc_signal: Float[Array, "b c d"] | None = None) -> Float[Array, "b c v"]:
     """The model call of one denoising step: decoder mode over the cached prefix, bidirectional over the canvas."""

@@ -164,7 +164,8 @@ def train(
 
     train_step = jit_train_step(
         make_train_step(
-            loss_fn, optimizer, lr_schedule=schedule, grad_accum_steps=cfg.grad_accum_steps, ema_decay=cfg.ema_decay
+            loss_fn, optimizer, lr_schedule=schedule, grad_accum_steps=cfg.grad_accum_steps,
+            ema_decay=cfg.ema_decay, trainable_mask=trainable_mask,
         ),
         mesh=mesh,
         state_shardings=s_shardings,

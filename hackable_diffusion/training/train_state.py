@@ -90,6 +90,7 @@ def make_train_step(
     lr_schedule: optax.Schedule | None = None,
     grad_accum_steps: int = 1,
     ema_decay: float = 0.0,
+    trainable_mask: Any = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, Array]]]:
     """Builds `train_step(state, batch) -> (state, metrics)`.
 
@@ -100,6 +101,9 @@ def make_train_step(
       lr_schedule: reported as `metrics["lr"]` at the step being taken (optional).
       grad_accum_steps: split the batch's leading axis into this many micro-batches, scanned sequentially.
       ema_decay: 0 disables the EMA (then `state.ema_params` must be None).
+      trainable_mask: the mask given to `make_optimizer` (pytree of bools or callable params -> bools). Gradients of
+        frozen params are replaced by zeros, so XLA drops their computation and they do not enter `grad_norm` or
+        the finiteness check.
 
     Metrics: the loss_fn metrics (micro-batch mean), `loss`, `grad_norm` (before clipping), `param_norm`, `lr`,
     and `finite` (bool). When `finite` is False the returned state is the input state.
@@ -108,7 +112,14 @@ def make_train_step(
         raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}.")
     if not 0.0 <= ema_decay < 1.0:
         raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}; use 0 to disable the EMA.")
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def grad_fn(params, batch, key):
+        (loss, aux), grads = value_and_grad(params, batch, key)
+        if trainable_mask is not None:  # zeros for frozen params: their backward pass becomes dead code
+            mask = trainable_mask(params) if callable(trainable_mask) else trainable_mask
+            grads = jax.tree.map(lambda g, m: g if m else jnp.zeros_like(g), grads, mask)
+        return (loss, aux), grads
 
     def loss_and_grads(params, batch, key):
         if grad_accum_steps == 1:

@@ -65,7 +65,8 @@ from hackable_diffusion.training import optimizers, sharding, train_state  # noq
 
 PyTree = Any
 GPU_BYTES = 80e9
-PROGRAMS = ("train_adamw", "train_adafactor", "canvas_denoise", "append_256", "decode_1")
+NO_LICM = {"xla_disable_hlo_passes": "while-loop-invariant-code-motion"}
+PROGRAMS = ("train_adamw", "train_adafactor", "canvas_denoise", "append", "decode_1")
 MEMORY_FIELDS = (
     "argument_size_in_bytes",
     "output_size_in_bytes",
@@ -90,6 +91,7 @@ class AotSettings:
     objective: str = "ar"  # "ar" | "block_diffusion"
     remat: str = "full"  # applied to the training programs only
     programs: tuple[str, ...] = PROGRAMS
+    compiler_options: dict[str, Any] | None = None  # XLA options (tests use a low backend optimisation level)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -184,10 +186,14 @@ def compile_program(
     out_shardings: PyTree,
     donate_argnums: tuple[int, ...] = (),
     extra: dict[str, Any] | None = None,
+    compiler_options: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """Lowers and compiles `fn` on abstract sharded `args`; returns (report, compiled)."""
     in_shardings = jax.tree.map(lambda a: a.sharding, tuple(args))
-    jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums)
+    # keep_unused: the whole parameter tree is resident on the devices even where a program does not read every leaf
+    # (the self-conditioner in append/decode), so it counts in the argument size.
+    jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums,
+                     keep_unused=True, compiler_options=compiler_options)
     t0 = time.perf_counter()
     lowered = jitted.lower(*args)
     t1 = time.perf_counter()
@@ -279,7 +285,7 @@ def train_program(
     }
     return compile_program(
         f"train_{optimizer_name}", step, (state, batch), out_shardings=(s_shardings, replicated),
-        donate_argnums=(0,), extra=extra,
+        donate_argnums=(0,), extra=extra, compiler_options=settings.compiler_options,
     )
 
 
@@ -328,7 +334,8 @@ def canvas_denoise_program(settings: AotSettings, mesh: Mesh) -> tuple[dict[str,
 
     extra = _inference_extra(cfg, params, cache, shape)
     extra["self_conditioning_input"] = cfg.self_conditioning
-    return compile_program("canvas_denoise", fn, args, out_shardings=logits_sharding, extra=extra)
+    return compile_program("canvas_denoise", fn, args, out_shardings=logits_sharding, extra=extra,
+                           compiler_options=settings.compiler_options)
 
 
 def append_program(settings: AotSettings, mesh: Mesh, length: int) -> tuple[dict[str, Any], Any]:
@@ -345,7 +352,7 @@ def append_program(settings: AotSettings, mesh: Mesh, length: int) -> tuple[dict
     name = "decode_1" if length == 1 else f"append_{length}"
     return compile_program(
         name, fn, (params, tokens, cache), out_shardings=(logits_sharding, cache_out), donate_argnums=(2,),
-        extra=extra,
+        extra=extra, compiler_options=settings.compiler_options,
     )
 
 
@@ -354,7 +361,7 @@ def build_programs(settings: AotSettings, mesh: Mesh) -> dict[str, Callable[[], 
         "train_adamw": lambda: train_program(settings, mesh, "adamw"),
         "train_adafactor": lambda: train_program(settings, mesh, "adafactor"),
         "canvas_denoise": lambda: canvas_denoise_program(settings, mesh),
-        "append_256": lambda: append_program(settings, mesh, settings.append_len),
+        "append": lambda: append_program(settings, mesh, settings.append_len),
         "decode_1": lambda: append_program(settings, mesh, 1),
     }
 
@@ -506,6 +513,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--objective", default="ar", choices=["ar", "block_diffusion"])
     p.add_argument("--remat", default="full", choices=["none", "full", "dots"], help="Training programs only.")
     p.add_argument("--programs", default=",".join(PROGRAMS))
+    p.add_argument("--licm", default="off", choices=["on", "off"],
+                   help="XLA's while-loop-invariant-code-motion pass. On CPU it hoists an f32 copy of every scanned "
+                        "bf16 weight stack out of the layer loop (a CPU-only artifact, see the module docstring); "
+                        "'off' (default) disables that pass for these programs.")
     p.add_argument("--markdown", action="store_true", help="Also print the summary as a markdown table.")
     return p.parse_args(argv)
 
@@ -527,6 +538,7 @@ def settings_from_args(args: argparse.Namespace) -> AotSettings:
         model=model, mesh=mesh, train_batch=args.batch, train_seq=args.seq, decode_batch=args.decode_batch,
         canvas=args.canvas, cache_len=args.cache_len, append_len=args.append_len, objective=args.objective,
         remat=args.remat, programs=tuple(p for p in args.programs.split(",") if p),
+        compiler_options=None if args.licm == "on" else dict(NO_LICM),
     )
 
 

@@ -16,13 +16,17 @@ from absl import app, flags
 
 from hackable_diffusion import cli
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir.")
-_TASK = flags.DEFINE_enum("task", "likelihood", ["likelihood"], "What to evaluate.")
-_NUM_BATCHES = flags.DEFINE_integer("num_batches", 0, "Validation batches (0 = the whole split).")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 0, "Evaluation batch size (0 = config.eval.batch_size).")
-_REPEATS = flags.DEFINE_integer("repeats", 1, "Monte-Carlo passes over the split (diffusion ELBO).")
-_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 0, "Also generate and print this many samples.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed for the noise levels and samples.")
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_string("workdir", None, "A training workdir.")
+  flags.DEFINE_enum("task", "likelihood", ["likelihood"], "What to evaluate.")
+  flags.DEFINE_integer("num_batches", 0, "Validation batches (0 = the whole split).")
+  flags.DEFINE_integer("batch_size", 0, "Evaluation batch size (0 = config.eval.batch_size).")
+  flags.DEFINE_integer("repeats", 1, "Monte-Carlo passes over the split (diffusion ELBO).")
+  flags.DEFINE_integer("num_samples", 0, "Also generate and print this many samples.")
+  flags.DEFINE_integer("seed", 0, "Seed for the noise levels and samples.")
 
 
 def likelihood(workdir: str, *, num_batches: int = 0, batch_size: int = 0, repeats: int = 1, seed: int = 0,
@@ -57,13 +61,14 @@ def likelihood(workdir: str, *, num_batches: int = 0, batch_size: int = 0, repea
 
 def main(argv):
   del argv
-  if _WORKDIR.value is None:
+  if FLAGS.workdir is None:
     raise app.UsageError("--workdir is required.")
   cli.quiet_library_logs()
-  result = likelihood(_WORKDIR.value, num_batches=_NUM_BATCHES.value, batch_size=_BATCH_SIZE.value,
-                      repeats=_REPEATS.value, seed=_SEED.value, num_samples=_NUM_SAMPLES.value)
+  result = likelihood(FLAGS.workdir, num_batches=FLAGS.num_batches, batch_size=FLAGS.batch_size,
+                      repeats=FLAGS.repeats, seed=FLAGS.seed, num_samples=FLAGS.num_samples)
   print(json.dumps(result))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -1,7 +1,7 @@
 """Sampling entry point: loads the checkpoint and tokenizer that training saved and prints completions.
 
   python -m hackable_diffusion.sample --workdir runs/quickstart --prompt "ROMEO:" [--sampler.num_steps=16]
-      [--sampler.selection=threshold --sampler.selection_kwargs.tau=0.9] [--show_canvas]
+      [--sampler.selection=threshold --sampler.selection_kwargs={"tau":0.9}] [--show_canvas]
 
 `--sampler.*` overrides any field of the run's sampler section (saved in workdir/config.json): the selection rule
 and its arguments, temperature, early stopping, step budget, canvas length, max_new_tokens. `--show_canvas` redraws
@@ -18,12 +18,18 @@ from ml_collections import config_flags
 
 from hackable_diffusion import cli
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A training workdir (config.json, tokenizer/, checkpoints/).")
-_PROMPTS = flags.DEFINE_multi_string("prompt", None, "Prompt text; repeat the flag for a batch.")
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (row i uses fold_in(seed, i)).")
-_SHOW = flags.DEFINE_bool("show_canvas", False, "Redraw the canvas in the terminal at every denoising step.")
-_DELAY = flags.DEFINE_float("show_delay_s", 0.15, "Pause between redrawn steps with --show_canvas.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 0, "Override the sampler's max_new_tokens (0 = keep).")
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_string("workdir", None, "A training workdir (config.json, tokenizer/, checkpoints/).")
+  flags.DEFINE_multi_string("prompt", None, "Prompt text; repeat the flag for a batch.")
+  flags.DEFINE_integer("seed", 0, "Sampling seed (row i uses fold_in(seed, i)).")
+  flags.DEFINE_bool("show_canvas", False, "Redraw the canvas in the terminal at every denoising step.")
+  flags.DEFINE_float("show_delay_s", 0.15, "Pause between redrawn steps with --show_canvas.")
+  flags.DEFINE_integer("max_new_tokens", 0, "Override the sampler's max_new_tokens (0 = keep).")
+
+
 _SAMPLER = None  # defined in __main__ once the workdir's sampler section is known
 
 
@@ -50,23 +56,23 @@ def main(argv):
   from hackable_diffusion.sampling import generate as gen_lib
 
   cli.quiet_library_logs()
-  config = cli.load_saved_config(_WORKDIR.value)
+  config = cli.load_saved_config(FLAGS.workdir)
   config.sampler = _SAMPLER.value
-  exp = exp_lib.build(config, _WORKDIR.value)
-  params, step = exp_lib.load_params(exp, _WORKDIR.value)
-  prompts = _PROMPTS.value or [config.sampler.prompt]
-  max_new = _MAX_NEW.value or config.sampler.max_new_tokens
+  exp = exp_lib.build(config, FLAGS.workdir)
+  params, step = exp_lib.load_params(exp, FLAGS.workdir)
+  prompts = FLAGS.prompt or [config.sampler.prompt]
+  max_new = FLAGS.max_new_tokens or config.sampler.max_new_tokens
   start = time.perf_counter()
-  if _SHOW.value and not exp.is_autoregressive:
+  if FLAGS.show_canvas and not exp.is_autoregressive:
     sampler = exp_lib.build_sampler(config, exp.process)
     ids = [[BOS_ID] + exp.tokenizer.encode(p) for p in prompts]
     max_new = -(-max_new // sampler.canvas_length) * sampler.canvas_length
-    result = gen_lib.generate(exp.model, params, ids, sampler=sampler, key=_SEED.value, max_new_tokens=max_new,
+    result = gen_lib.generate(exp.model, params, ids, sampler=sampler, key=FLAGS.seed, max_new_tokens=max_new,
                               stop_tokens=(EOS_ID,), return_trajectory=True)
-    show_trajectory(exp, result, prompts[0], _DELAY.value)
+    show_trajectory(exp, result, prompts[0], FLAGS.show_delay_s)
     texts = [exp.tokenizer.decode(np.asarray(row)) for row in result.tokens]
   else:
-    texts, result = exp_lib.sample_texts(exp, params, prompts, seed=_SEED.value, max_new_tokens=max_new)
+    texts, result = exp_lib.sample_texts(exp, params, prompts, seed=FLAGS.seed, max_new_tokens=max_new)
   seconds = time.perf_counter() - start
   new_tokens = int(np.sum(result.lengths))
   kind = "autoregressive" if exp.is_autoregressive else f"diffusion/{config.sampler.selection}"
@@ -98,5 +104,6 @@ def _define_sampler_flag(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   _define_sampler_flag(sys.argv)
   app.run(main)

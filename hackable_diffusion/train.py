@@ -12,6 +12,7 @@ does not exist stops the command with the closest existing keys. Multi-host: pas
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from absl import app, flags
@@ -19,13 +20,18 @@ from ml_collections import config_flags
 
 from hackable_diffusion import cli
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics.jsonl, tensorboard/, tokenizer.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
-_INIT_TIMEOUT = flags.DEFINE_integer("distributed_timeout_s", 60, "Seconds to wait for the other processes.")
-_SAMPLES = flags.DEFINE_bool("sample_at_end", True, "Print samples from the trained model at the end.")
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """Flags of the command (defined only when run as a program, so the module imports cleanly elsewhere)."""
+  config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).")
+  flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics.jsonl, tensorboard/, tokenizer.")
+  flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host).")
+  flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
+  flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
+  flags.DEFINE_integer("distributed_timeout_s", 60, "Seconds to wait for the other processes.")
+  flags.DEFINE_bool("sample_at_end", True, "Print samples from the trained model at the end.")
 
 
 def run(config, workdir: str, *, sample_at_end: bool = True):
@@ -52,6 +58,13 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
           flush=True)
 
   mesh = sharding.make_mesh(config.mesh)
+  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  global_batch = config.data.batch_size * jax.process_count()
+  if global_batch % batch_shards:
+    raise ValueError(f"The global batch ({config.data.batch_size} per process x {jax.process_count()} processes = "
+                     f"{global_batch}) is not divisible by the mesh's data x fsdp = {batch_shards} devices; set "
+                     f"--config.data.batch_size to a multiple of {batch_shards // math.gcd(batch_shards, jax.process_count())} "
+                     "or change config.mesh.")
   train_iter = text_lib.make_train_iterator(exp.data.train_sequences, config.data.batch_size, config.seed,
                                             process_index=jax.process_index(), process_count=jax.process_count())
 
@@ -98,17 +111,19 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if _WORKDIR.value is None:
+  if FLAGS.workdir is None:
     raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
   from hackable_diffusion.training.distributed import maybe_initialize_distributed
 
   cli.quiet_library_logs()
 
-  maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _INIT_TIMEOUT.value)
-  run(_CONFIG.value, _WORKDIR.value, sample_at_end=_SAMPLES.value)
+  maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                               FLAGS.distributed_timeout_s)
+  run(FLAGS.config, FLAGS.workdir, sample_at_end=FLAGS.sample_at_end)
 
 
 if __name__ == "__main__":
   cli.precheck_argv(sys.argv)
+  define_flags()
   flags.mark_flags_as_required(["config"])
   app.run(main)

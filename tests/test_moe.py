@@ -1,6 +1,7 @@
 """Tests for hackable_diffusion.models.moe: dispatch equivalence (values and gradients), capacity dropping,
 router semantics, auxiliary losses, padding and bf16."""
 
+import functools
 import math
 
 import jax
@@ -68,21 +69,24 @@ def test_dispatch_matches_per_token_reference(name):
     assert _rel_err(y, ref) < 1e-5
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _dispatch_grads(dispatch, x, ids, w, params, target):
+    def loss(x, w, p):
+        y, _ = dispatch(x, ids, w, p["gating"], p["linear"], p["per_expert_scale"])
+        return jnp.sum(jnp.square(y - target))
+
+    return jax.grad(loss, argnums=(0, 1, 2))(x, w, params)
+
+
 @pytest.mark.parametrize("name", ["sorted", "ragged"])
 def test_dispatch_gradients_match_dense(name):
     params = _params(jax.random.key(3))
     x = jax.random.normal(jax.random.key(4), (T, D))
     ids, w = _random_routing(jax.random.key(5))
     target = jax.random.normal(jax.random.key(6), (T, D))
-    dense = moe.DenseDispatch()
     other = moe.SortedDispatch(capacity_factor=float(E)) if name == "sorted" else moe.RaggedDispatch()
-
-    def loss(dispatch, x, w, p):
-        y, _ = dispatch(x, ids, w, p["gating"], p["linear"], p["per_expert_scale"])
-        return jnp.sum(jnp.square(y - target))
-
-    g_ref = jax.jit(jax.grad(lambda *a: loss(dense, *a), argnums=(0, 1, 2)))(x, w, params)
-    g_got = jax.jit(jax.grad(lambda *a: loss(other, *a), argnums=(0, 1, 2)))(x, w, params)
+    g_ref = _dispatch_grads(moe.DenseDispatch(), x, ids, w, params, target)
+    g_got = _dispatch_grads(other, x, ids, w, params, target)
     for ref, got in zip(jax.tree.leaves(g_ref), jax.tree.leaves(g_got)):
         assert _rel_err(got, ref) < 1e-5
 
@@ -130,7 +134,7 @@ def test_sorted_first_choices_have_priority_over_second_choices():
     w = jnp.full((T, K), 0.5)
     cf = (T // 2) * E / (T * K)
     assert moe.expert_capacity(T, K, E, cf) == T // 2
-    y, dropped = moe.SortedDispatch(capacity_factor=cf)(
+    y, dropped = jax.jit(moe.SortedDispatch(capacity_factor=cf))(
         x, ids, w, params["gating"], params["linear"], params["per_expert_scale"]
     )
     # Each expert receives T/2 first choices and T/2 second choices: all first choices kept, all seconds dropped.
@@ -151,7 +155,7 @@ def test_padding_expert_id_is_ignored_by_every_dispatch():
     outs = {}
     for name, dispatch in [("dense", moe.DenseDispatch()), ("sorted", moe.SortedDispatch(1.0)),
                            ("ragged", moe.RaggedDispatch())]:
-        y, dropped = dispatch(x, ids_p, w_p, params["gating"], params["linear"], params["per_expert_scale"])
+        y, dropped = jax.jit(dispatch)(x, ids_p, w_p, params["gating"], params["linear"], params["per_expert_scale"])
         assert np.all(np.asarray(y)[np.asarray(pad)] == 0.0)
         outs[name] = (np.asarray(y), int(dropped))
     # Sorted with capacity factor 1.0: the padded assignments must not take slots, so the count of drops equals
@@ -193,9 +197,18 @@ def _module_inputs(key, batch=2, length=T // 2):
     return jax.random.normal(kx, (batch, length, D)), jax.random.normal(kr, (batch, length, D))
 
 
-def _init_scaled(module, x, r, key=jax.random.key(20)):
-    """Init and enlarge the router so that routing is decisive (no near-ties between top-k and the rest)."""
-    variables = module.init(key, x, r)
+@functools.partial(jax.jit, static_argnums=0)
+def _apply(module, variables, x, r, mask=None):
+    """One compiled program per (module config, shapes), shared by the tests (flax modules hash by config)."""
+    return module.apply(variables, x, r, mask)
+
+
+@functools.lru_cache(maxsize=None)
+def _scaled_variables():
+    """Params for every module config of these tests (all share shapes), with the router enlarged so that routing
+    is decisive (no near-ties between the top-k and the rest) and distinct expert scales."""
+    x, r = _module_inputs(jax.random.key(0))
+    variables = jax.jit(_moe_module("sorted").init)(jax.random.key(20), x, r)
     p = dict(variables["params"])
     p["router_logits"] = jax.random.normal(jax.random.key(21), p["router_logits"].shape) * 3.0
     p["per_expert_scale"] = 1.0 + 0.3 * jnp.arange(E, dtype=jnp.float32)
@@ -204,7 +217,7 @@ def _init_scaled(module, x, r, key=jax.random.key(20)):
 
 def test_module_parameter_tree():
     x, r = _module_inputs(jax.random.key(0))
-    variables = _moe_module("sorted").init(jax.random.key(1), x, r)
+    variables = jax.jit(_moe_module("sorted").init)(jax.random.key(1), x, r)
     shapes = jax.tree.map(jnp.shape, variables["params"])
     assert shapes == {
         "router_logits": (D, E),
@@ -217,22 +230,24 @@ def test_module_parameter_tree():
     np.testing.assert_array_equal(variables["params"]["per_expert_scale"], np.ones(E))
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _module_grads(module, x, r, variables, target):
+    def loss(x, r, v):
+        y, aux = module.apply(v, x, r)
+        return jnp.sum(jnp.square(y - target)) + aux["moe_load_balance_loss"] + aux["moe_router_z_loss"], y
+
+    return jax.grad(loss, argnums=(0, 1, 2), has_aux=True)(x, r, variables)
+
+
 @pytest.mark.parametrize("name", ["sorted", "ragged"])
 def test_module_values_and_gradients_match_dense(name):
     x, r = _module_inputs(jax.random.key(2))
     target = jax.random.normal(jax.random.key(3), x.shape)
-    variables = _init_scaled(_moe_module("dense"), x, r)
-
-    def loss_fn(module):
-        def loss(x, r, v):
-            y, aux = module.apply(v, x, r)
-            return jnp.sum(jnp.square(y - target)) + aux["moe_load_balance_loss"] + aux["moe_router_z_loss"], y
-        return jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))
-
+    variables = _scaled_variables()
     kw = dict(load_balance_weight=0.1, router_z_weight=0.01)
-    g_ref, y_ref = loss_fn(_moe_module("dense", **kw))(x, r, variables)
+    g_ref, y_ref = _module_grads(_moe_module("dense", **kw), x, r, variables, target)
     cf = {"capacity_factor": float(E)} if name == "sorted" else {}
-    g_got, y_got = loss_fn(_moe_module(name, **kw, **cf))(x, r, variables)
+    g_got, y_got = _module_grads(_moe_module(name, **kw, **cf), x, r, variables, target)
     assert _rel_err(y_got, y_ref) < 1e-5
     ref_leaves = jax.tree_util.tree_leaves_with_path(g_ref)
     got_leaves = jax.tree.leaves(g_got)
@@ -265,15 +280,15 @@ def test_router_weights_and_top_k():
 def test_per_expert_scale_multiplies_that_experts_contribution():
     x, r = _module_inputs(jax.random.key(31))
     module = _moe_module("sorted", capacity_factor=float(E))
-    variables = _init_scaled(module, x, r)
-    y0, _ = module.apply(variables, x, r)
+    variables = _scaled_variables()
+    y0, _ = _apply(module, variables, x, r)
     p = dict(variables["params"])
     p["per_expert_scale"] = variables["params"]["per_expert_scale"].at[1].multiply(3.0)
-    y1, _ = module.apply({"params": p}, x, r)
+    y1, _ = _apply(module, {"params": p}, x, r)
     # Contribution of expert 1 alone: zero every other expert's scale.
     p_only = dict(variables["params"])
     p_only["per_expert_scale"] = jnp.zeros(E).at[1].set(variables["params"]["per_expert_scale"][1])
-    c1, _ = module.apply({"params": p_only}, x, r)
+    c1, _ = _apply(module, {"params": p_only}, x, r)
     assert float(jnp.abs(c1).max()) > 0
     np.testing.assert_allclose(y1, y0 + 2.0 * c1, rtol=1e-5, atol=1e-5)
 
@@ -283,8 +298,8 @@ def test_load_balance_and_z_loss_formulas_with_padding():
     mask = jnp.ones(x.shape[:2], bool).at[0, -7:].set(False).at[1, :3].set(False)
     lb_w, z_w = 0.3, 0.02
     module = _moe_module("sorted", load_balance_weight=lb_w, router_z_weight=z_w)
-    variables = _init_scaled(module, x, r)
-    _, aux = module.apply(variables, x, r, mask)
+    variables = _scaled_variables()
+    _, aux = _apply(module, variables, x, r, mask)
     assert set(aux) == {"moe_load_balance_loss", "moe_router_z_loss", "moe_dropped_fraction"}
     assert all(v.shape == () for v in aux.values())
 
@@ -298,7 +313,7 @@ def test_load_balance_and_z_loss_formulas_with_padding():
     lse = np.log(np.exp(logits_r.astype(np.float64)).sum(-1))
     np.testing.assert_allclose(aux["moe_router_z_loss"], z_w * np.mean(lse**2), rtol=1e-5)
     # Defaults: both losses off.
-    _, aux0 = _moe_module("sorted").apply(variables, x, r, mask)
+    _, aux0 = _apply(_moe_module("sorted"), variables, x, r, mask)
     assert float(aux0["moe_load_balance_loss"]) == 0.0 and float(aux0["moe_router_z_loss"]) == 0.0
 
 
@@ -307,16 +322,16 @@ def test_load_balance_loss_hand_made_example():
     # E * sum_e f_e / E = sum_e f_e = 1 whatever the (tie-broken) routing is.
     x, r = _module_inputs(jax.random.key(33))
     module = _moe_module("dense", load_balance_weight=1.0)
-    variables = module.init(jax.random.key(0), x, r)
-    p = dict(variables["params"])
+    p = dict(_scaled_variables()["params"])
+    p["router_scale"] = jnp.ones(D)
     p["router_logits"] = jnp.zeros((D, E))
-    _, aux = module.apply({"params": p}, x, r)
+    _, aux = _apply(module, {"params": p}, x, r)
     np.testing.assert_allclose(aux["moe_load_balance_loss"], 1.0, rtol=1e-6)
     # Constant router input (normalised to D**-0.5 per entry) and logits (100, 50, 0, 0) * sqrt(D): every token
     # picks experts 0 and 1, so f = (1/2, 1/2, 0, 0) and P = (1, 0, 0, 0) up to exp(-280): loss = E / 2.
     r_const = jnp.ones_like(r)
     p["router_logits"] = jnp.zeros((D, E)).at[:, 0].set(100.0).at[:, 1].set(50.0)
-    _, aux = module.apply({"params": p}, x, r_const)
+    _, aux = _apply(module, {"params": p}, x, r_const)
     np.testing.assert_allclose(aux["moe_load_balance_loss"], E * 0.5, rtol=1e-5)
 
 
@@ -325,18 +340,18 @@ def test_token_mask_pads_do_not_affect_real_tokens():
     mask = jnp.ones(x.shape[:2], bool).at[:, -9:].set(False)
     # Capacity factor 1.0 so that capacity is contended: pads must not take slots.
     module = _moe_module("sorted", capacity_factor=1.0)
-    variables = _init_scaled(module, x, r)
-    y1, aux1 = module.apply(variables, x, r, mask)
+    variables = _scaled_variables()
+    y1, aux1 = _apply(module, variables, x, r, mask)
     noise_x, noise_r = _module_inputs(jax.random.key(35))
     pad = ~mask[..., None]
     x2, r2 = jnp.where(pad, noise_x * 10, x), jnp.where(pad, noise_r * 10, r)
-    y2, aux2 = module.apply(variables, x2, r2, mask)
+    y2, aux2 = _apply(module, variables, x2, r2, mask)
     np.testing.assert_array_equal(np.asarray(y1)[np.asarray(mask)], np.asarray(y2)[np.asarray(mask)])
     assert np.all(np.asarray(y1)[~np.asarray(mask)] == 0.0)
     for key in aux1:
         np.testing.assert_allclose(aux1[key], aux2[key], rtol=1e-6)
     # With no mask, the same real tokens may lose slots to the (former) pads: drops can only grow.
-    _, aux_nomask = module.apply(variables, x, r)
+    _, aux_nomask = _apply(module, variables, x, r)
     num_real = int(mask.sum())
     drops_masked = float(aux1["moe_dropped_fraction"]) * num_real * K
     drops_unmasked = float(aux_nomask["moe_dropped_fraction"]) * x.shape[0] * x.shape[1] * K
@@ -345,9 +360,9 @@ def test_token_mask_pads_do_not_affect_real_tokens():
 
 def test_dropped_fraction_is_zero_for_dropless_and_counts_for_sorted():
     x, r = _module_inputs(jax.random.key(36))
-    variables = _init_scaled(_moe_module("dense"), x, r)
+    variables = _scaled_variables()
     for name in ["dense", "ragged"]:
-        _, aux = _moe_module(name).apply(variables, x, r)
+        _, aux = _apply(_moe_module(name), variables, x, r)
         assert float(aux["moe_dropped_fraction"]) == 0.0
     p = variables["params"]
     _, _, ids, _ = moe.route(r.reshape(-1, D), p["router_logits"], p["router_scale"], K)
@@ -356,17 +371,17 @@ def test_dropped_fraction_is_zero_for_dropless_and_counts_for_sorted():
     counts = np.bincount(np.asarray(ids).reshape(-1), minlength=E)
     expected = np.maximum(counts - cap, 0).sum() / (T * K)
     assert expected > 0
-    _, aux = _moe_module("sorted", capacity_factor=cf).apply(variables, x, r)
+    _, aux = _apply(_moe_module("sorted", capacity_factor=cf), variables, x, r)
     np.testing.assert_allclose(aux["moe_dropped_fraction"], expected, rtol=1e-6)
 
 
 def test_bf16_compute_is_close_to_f32():
     x, r = _module_inputs(jax.random.key(37))
-    variables = _init_scaled(_moe_module("sorted"), x, r)
-    y32, _ = _moe_module("sorted", capacity_factor=float(E)).apply(variables, x, r)
+    variables = _scaled_variables()
+    y32, _ = _apply(_moe_module("sorted", capacity_factor=float(E)), variables, x, r)
     for name in ["sorted", "ragged", "dense"]:
         cf = {"capacity_factor": float(E)} if name == "sorted" else {}
-        y16, aux = jax.jit(_moe_module(name, dtype=jnp.bfloat16, **cf).apply)(variables, x, r)
+        y16, aux = _apply(_moe_module(name, dtype=jnp.bfloat16, **cf), variables, x, r)
         assert y16.dtype == jnp.float32  # cast back to x's dtype
         assert np.all(np.isfinite(np.asarray(y16)))
         assert _rel_err(y16, y32) < 3e-2, name
@@ -383,3 +398,32 @@ def test_module_rejects_bad_configuration():
     with pytest.raises(ValueError, match="token_mask"):
         _moe_module("sorted").init(jax.random.key(0), x, r, jnp.ones((2, 3), bool))
     assert math.isclose(moe.expert_capacity(10, 2, 4, 1.25), 7)
+
+
+def test_batched_and_unrolled_expert_paths_agree(monkeypatch):
+    params = _params(jax.random.key(40))
+    x = jax.random.normal(jax.random.key(41), (T, D))
+    ids, w = _random_routing(jax.random.key(42))
+
+    def value_and_grads():
+        def loss(x, p):
+            y, _ = moe.SortedDispatch(float(E))(x, ids, w, p["gating"], p["linear"], p["per_expert_scale"])
+            return jnp.sum(jnp.sin(y)), y
+        return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(x, params)
+
+    grads_unrolled, y_unrolled = value_and_grads()
+    monkeypatch.setattr(moe, "_UNROLL_MAX_EXPERTS", 1)
+    grads_batched, y_batched = value_and_grads()
+    assert _rel_err(y_batched, y_unrolled) < 1e-6
+    for a, b in zip(jax.tree.leaves(grads_batched), jax.tree.leaves(grads_unrolled)):
+        assert _rel_err(a, b) < 1e-6
+
+
+def test_gated_gelu_gradient_matches_autodiff():
+    a = jax.random.normal(jax.random.key(43), (7, 5)) * 3
+    b = jax.random.normal(jax.random.key(44), (7, 5))
+    g = jax.random.normal(jax.random.key(45), (7, 5))
+    _, vjp = jax.vjp(moe.gated_gelu, a, b)
+    _, vjp_ref = jax.vjp(lambda a, b: jax.nn.gelu(a, approximate=True) * b, a, b)
+    for got, ref in zip(vjp(g), vjp_ref(g)):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

@@ -11,21 +11,19 @@ import numpy as np
 import pytest
 
 from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, MASK_ID, PAD_ID
-from hackable_diffusion.diffusion.processes import MaskingProcess, UniformProcess
+from hackable_diffusion.diffusion.processes import MaskingProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
-from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.sampling import early_stopping as E
 from hackable_diffusion.sampling import selection as S
 from hackable_diffusion.sampling import temperature as TEMP
 from hackable_diffusion.sampling.canvas import DiffusionSampler, canvas_logits, denoise_canvas
 from hackable_diffusion.sampling.generate import (ARSampling, commit_canvas, generate, generate_ar, pad_prompts,
-                                                  truncate_at_stop)
+                                                  prefill, truncate_at_stop)
 
 # Jitted model calls (an eager linen pass over a scanned model is far slower than compiling it once).
-append = jax.jit(T.append, static_argnums=0)
 forward = jax.jit(T.forward, static_argnums=0, static_argnames=("causal",))
 
 VOCAB = 64
@@ -54,6 +52,19 @@ def masking_sampler(selection, **changes):
 
 
 PROMPTS = [[BOS_ID, 5, 6, 7], [BOS_ID, 9, 10, 11, 12, 13]]  # different lengths: row 0 is right-padded in a batch
+WIDTH = 6
+CACHE = WIDTH + 3 * CANVAS  # every two-row test uses this cache, so each jitted function compiles once
+
+
+def prefilled_prompts(model, params):
+    prompt, prompt_mask = pad_prompts(PROMPTS)
+    _, cache = prefill(model, params, prompt, prompt_mask, cache_length=CACHE)
+    return prompt, prompt_mask, cache
+
+
+def some_sc_signal(model, params, seed):
+    logits = jax.random.normal(jax.random.key(seed), (2, CANVAS, VOCAB))
+    return jax.jit(lambda x: T.model_method(model, params, "sc_signal", x))(logits)
 
 
 def logits_from_probs(probs):
@@ -77,13 +88,10 @@ def _self_condition(model, params, tokens, sc):
 
 def test_canvas_logits_equal_full_forward_with_hand_built_mask(model_and_params):
     model, params = model_and_params
-    prompt, prompt_mask = pad_prompts(PROMPTS)
+    prompt, prompt_mask, cache = prefilled_prompts(model, params)
     p = prompt.shape[1]
     canvas = jax.random.randint(jax.random.key(1), (2, CANVAS), 4, VOCAB)
-    sc = jax.jit(lambda x: T.model_method(model, params, "sc_signal", x))(
-        jax.random.normal(jax.random.key(2), (2, CANVAS, VOCAB)))
-    cache = init_cache(model.cfg, 2, p + CANVAS)
-    _, cache = append(model, params, prompt, cache, token_mask=prompt_mask)
+    sc = some_sc_signal(model, params, 2)
     got = canvas_logits(model, params, cache, canvas, sc)
 
     token_mask = np.concatenate([np.asarray(prompt_mask), np.ones((2, CANVAS), bool)], axis=1)
@@ -103,19 +111,17 @@ def test_canvas_logits_equal_full_forward_with_hand_built_mask(model_and_params)
 
 def test_commit_then_next_canvas_equals_prefill_of_prompt_and_canvas(model_and_params):
     model, params = model_and_params
-    prompt, prompt_mask = pad_prompts(PROMPTS)
+    prompt, prompt_mask, cache = prefilled_prompts(model, params)
     p = prompt.shape[1]
     raw = jnp.array([[20, EOS_ID, 21, 22], [30, 31, 32, 33]])
     canvas, stopped = truncate_at_stop(raw, jnp.array([EOS_ID]), jnp.array([True, True]))
     np.testing.assert_array_equal(canvas, [[20, EOS_ID, PAD_ID, PAD_ID], [30, 31, 32, 33]])
     np.testing.assert_array_equal(stopped, [True, False])
 
-    cache = init_cache(model.cfg, 2, p + 2 * CANVAS)
-    _, cache = append(model, params, prompt, cache, token_mask=prompt_mask)
     committed = commit_canvas(model, params, cache, canvas)
     whole = jnp.concatenate([prompt, canvas], axis=1)
     whole_mask = jnp.concatenate([prompt_mask, canvas != PAD_ID], axis=1)
-    _, prefilled = append(model, params, whole, init_cache(model.cfg, 2, p + 2 * CANVAS), token_mask=whole_mask)
+    _, prefilled = prefill(model, params, whole, whole_mask, cache_length=CACHE)
     assert int(committed.end_index) == int(prefilled.end_index) == p + CANVAS
     np.testing.assert_array_equal(committed.valid, prefilled.valid)
     np.testing.assert_array_equal(committed.positions, prefilled.positions)
@@ -123,8 +129,9 @@ def test_commit_then_next_canvas_equals_prefill_of_prompt_and_canvas(model_and_p
         np.testing.assert_allclose(a["k"], b["k"], atol=3e-5)
         np.testing.assert_allclose(a["v"], b["v"], atol=3e-5)
     nxt = jnp.array([[40, 41, 42, 43], [44, 45, 46, 47]])
-    np.testing.assert_allclose(canvas_logits(model, params, committed, nxt),
-                               canvas_logits(model, params, prefilled, nxt), atol=3e-5)
+    sc = some_sc_signal(model, params, 3)
+    np.testing.assert_allclose(canvas_logits(model, params, committed, nxt, sc),
+                               canvas_logits(model, params, prefilled, nxt, sc), atol=3e-5)
     # Row 0 holds 4 prompt + 2 canvas tokens, row 1 6 + 4: the next canvas continues each row's own count.
     np.testing.assert_array_equal(committed.next_positions(), [6, 10])
 
@@ -316,25 +323,22 @@ class StopWhenFirstTokenEven(E.EarlyStopping):
 
 @pytest.fixture(scope="module")
 def prefix_cache(model_and_params):
-    model, params = model_and_params
-    prompt, prompt_mask = pad_prompts(PROMPTS + [[BOS_ID, 3, 4]])
-    cache = init_cache(model.cfg, 3, prompt.shape[1])
-    return append(model, params, prompt, cache, token_mask=prompt_mask)[1]
+    return prefilled_prompts(*model_and_params)[2]
 
 
 def test_early_stopping_stops_rows_independently_and_freezes_finished_rows(model_and_params, prefix_cache):
     model, params = model_and_params
     sampler = uniform_sampler(early_stopping=StopWhenFirstTokenEven(), num_steps=8)
-    init = sampler.initial_canvas(jax.random.key(3), 3)
-    fixed = jnp.array([[False, True, False, False]] * 3)
+    init = sampler.initial_canvas(jax.random.key(3), 2)
+    fixed = jnp.array([[False, True, False, False]] * 2)
     init = init.at[:, 1].set(17)
-    keys = jax.random.split(jax.random.key(4), 3)
+    keys = jax.random.split(jax.random.key(4), 2)
     result = denoise_canvas(model, params, prefix_cache, init, keys, sampler=sampler, fixed=fixed,
                             return_trajectory=True)
     traj = np.asarray(result.trajectory)
     steps = np.asarray(result.steps)
     assert len(set(steps.tolist())) > 1, f"rows should stop at different steps with this seed, got {steps}"
-    for row in range(3):
+    for row in range(2):
         even = np.flatnonzero(traj[:, row, 0] % 2 == 0)
         expected = even[0] + 1 if even.size else sampler.num_steps
         assert steps[row] == expected  # the step that triggers the stop is kept
@@ -348,7 +352,7 @@ def test_early_stopping_stops_rows_independently_and_freezes_finished_rows(model
                            return_trajectory=True)
     np.testing.assert_array_equal(again.canvas, result.canvas)  # same key, same output
     inactive = denoise_canvas(model, params, prefix_cache, init, keys, sampler=sampler, fixed=fixed,
-                              active=jnp.array([True, False, True]), return_trajectory=True)
+                              active=jnp.array([True, False]), return_trajectory=True)
     np.testing.assert_array_equal(inactive.canvas[1], init[1])
     assert int(inactive.steps[1]) == 0
     np.testing.assert_array_equal(inactive.canvas[0], result.canvas[0])  # other rows do not notice
@@ -357,8 +361,8 @@ def test_early_stopping_stops_rows_independently_and_freezes_finished_rows(model
 def test_masking_sampler_never_changes_committed_tokens_and_threshold_progresses(model_and_params, prefix_cache):
     model, params = model_and_params
     sampler = masking_sampler(S.ConfidenceThreshold(tau=0.99), early_stopping=E.NoEarlyStop(), num_steps=8)
-    fixed = jnp.array([[False, True, False, False], [False] * 4, [True] * 3 + [False]])
-    init = jnp.where(fixed, 21, sampler.initial_canvas(jax.random.key(5), 3))
+    fixed = jnp.array([[False, True, False, False], [False] * 4])
+    init = jnp.where(fixed, 21, sampler.initial_canvas(jax.random.key(5), 2))
     result = denoise_canvas(model, params, prefix_cache, init, jax.random.key(6), sampler=sampler, fixed=fixed,
                             return_trajectory=True)
     traj = np.concatenate([np.asarray(init)[None], np.asarray(result.trajectory)])
@@ -395,6 +399,12 @@ def test_generate_errors_never_wrap(model_and_params):
         generate(model, params, PROMPTS, sampler=DiffusionSampler.diffusiongemma(VOCAB + 1), key=0, max_new_tokens=8)
     with pytest.raises(ValueError, match="keys for a batch"):
         generate(model, params, PROMPTS, sampler=sampler, key=jax.random.split(jax.random.key(0), 3), max_new_tokens=8)
+    no_sc_model = T.Transformer(model.cfg.replace(self_conditioning=False))
+    with pytest.raises(ValueError, match="no self-conditioner"):
+        generate(no_sc_model, params, PROMPTS, sampler=sampler.replace(self_conditioning=True), key=0,
+                 max_new_tokens=8)
+    with pytest.raises(ValueError, match="num_steps"):
+        sampler.replace(num_steps=0)
 
 
 @pytest.fixture(scope="module")
@@ -424,7 +434,7 @@ def test_generate_stops_rows_independently_with_fixed_positions(batch_run):
     if not (tokens[1, :9] == EOS_ID).any():
         assert tokens[1, 9] == 42  # the infilled token survives
     assert result.forward_passes == 1 + int(result.steps.max(axis=0).sum()) + result.num_canvases
-    assert int(result.cache.end_index) == 6 + 3 * CANVAS  # prompt width + every committed canvas
+    assert int(result.cache.end_index) == CACHE  # prompt width + every committed canvas
 
 
 def test_same_prompt_alone_and_in_a_padded_batch_give_the_same_tokens(model_and_params, batch_run):
@@ -457,20 +467,23 @@ def test_short_cache_stops_before_a_canvas_that_would_not_fit(model_and_params, 
 
 def test_ar_greedy_with_cache_equals_argmax_of_full_forwards(model_and_params):
     model, params = model_and_params
-    result = generate_ar(model, params, PROMPTS, key=0, max_new_tokens=6, stop_tokens=())
-    assert result.forward_passes == 1 + 6
+    new = CACHE - WIDTH
+    result = generate_ar(model, params, PROMPTS, key=0, max_new_tokens=new, stop_tokens=())
+    assert result.forward_passes == 1 + new
+    # Teacher-forced full causal forwards over [prompt; generated]: each prefix's next-token logits, both rows in one
+    # right-padded batch (padding is exact, see test_model).
+    seqs, seq_mask = pad_prompts([prompt + result.tokens[row].tolist() for row, prompt in enumerate(PROMPTS)])
+    logits, _ = forward(model, params, seqs, token_mask=seq_mask, causal=True)
     for row, prompt in enumerate(PROMPTS):
-        seq = jnp.asarray([prompt + result.tokens[row].tolist()])
-        logits, _ = forward(model, params, seq, causal=True)  # teacher-forced: each prefix's next-token logits
-        want = np.asarray(jnp.argmax(logits[0, len(prompt) - 1:-1], axis=-1))
+        want = np.asarray(jnp.argmax(logits[row, len(prompt) - 1:len(prompt) - 1 + new], axis=-1))
         np.testing.assert_array_equal(result.tokens[row], want)
     # Per-row stop: stop at a token row 0 produces; its later tokens become PAD, row 1 is unaffected unless it too
     # produces that token.
     stop = int(result.tokens[0, 2])
-    stopped = generate_ar(model, params, PROMPTS, key=0, max_new_tokens=6, stop_tokens=(stop,))
+    stopped = generate_ar(model, params, PROMPTS, key=0, max_new_tokens=new, stop_tokens=(stop,))
     for row in range(2):
         hits = np.flatnonzero(result.tokens[row] == stop)
-        end = hits[0] + 1 if hits.size else 6
+        end = hits[0] + 1 if hits.size else new
         np.testing.assert_array_equal(stopped.tokens[row, :end], result.tokens[row, :end])
         assert (stopped.tokens[row, end:] == PAD_ID).all() and stopped.lengths[row] == end
 

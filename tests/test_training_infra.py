@@ -44,19 +44,26 @@ def _worker_env(num_devices, cache_dir):
     return env
 
 
-def _launch(args, cache_dir, num_devices=1):
-    return subprocess.Popen([sys.executable, WORKER, *args], cwd=REPO, env=_worker_env(num_devices, cache_dir),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _launch(args, cache_dir, log_path, num_devices=1):
+    """Starts the worker with its output going to `log_path` (a file, so a chatty worker can never block)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, WORKER, *args], cwd=REPO, env=_worker_env(num_devices, cache_dir),
+                                stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log_path
+    return proc
 
 
 def _finish(proc):
+    """(returncode, output) of a worker, killing it after SUBPROCESS_TIMEOUT_S."""
     try:
-        out, _ = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+        proc.wait(timeout=SUBPROCESS_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"worker timed out after {SUBPROCESS_TIMEOUT_S}s:\n{out[-3000:]}")
-    return proc.returncode, out
+        proc.wait()
+        with open(proc.log_path) as f:
+            pytest.fail(f"worker timed out after {SUBPROCESS_TIMEOUT_S}s:\n{f.read()[-3000:]}")
+    with open(proc.log_path) as f:
+        return proc.returncode, f.read()
 
 
 def _jit(fn):
@@ -341,15 +348,17 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path):
     steps = 8
     common = ["--total_steps", str(steps), "--checkpoint_every", "3"]
     cache = tmp_path / "jax_cache"
-    ref = _launch(["--workdir", str(tmp_path / "ref"), "--out", str(tmp_path / "ref.npz"), *common], cache)
+    ref = _launch(["--workdir", str(tmp_path / "ref"), "--out", str(tmp_path / "ref.npz"), *common], cache,
+                  tmp_path / "ref.log")
     # Killed at step 6, right after the async save of step 6 started (it may or may not finish).
     killed = _launch(["--workdir", str(tmp_path / "run"), "--kill_at_step", "6", "--kill_after_checkpoint", "3",
-                      *common], cache)
+                      *common], cache, tmp_path / "killed.log")
     rc_ref, out_ref = _finish(ref)
     rc_killed, out_killed = _finish(killed)
     assert rc_ref == 0, out_ref[-3000:]
     assert rc_killed == -9 and "killing myself at step 6" in out_killed, out_killed[-3000:]
-    rc, out = _finish(_launch(["--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "run.npz"), *common], cache))
+    rc, out = _finish(_launch(["--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "run.npz"), *common], cache,
+                              tmp_path / "resumed.log"))
     assert rc == 0, out[-3000:]
     assert "Restored checkpoint at step 3" in out or "Restored checkpoint at step 6" in out, out[-3000:]
     ref_arrays, run_arrays = np.load(tmp_path / "ref.npz"), np.load(tmp_path / "run.npz")
@@ -373,11 +382,19 @@ def test_two_processes_match_one_process(tmp_path):
     procs = [
         _launch(["--workdir", str(workdir), "--total_steps", "3", "--resume_to", str(steps), "--checkpoint_every",
                  "3", "--mesh", "2,1,1,2", "--coordinator", f"127.0.0.1:{port}", "--num_processes", "2",
-                 "--process_id", str(i), "--out", str(tmp_path / "mp.npz")], tmp_path / "jax_cache", num_devices=2)
+                 "--process_id", str(i), "--out", str(tmp_path / "mp.npz")], tmp_path / "jax_cache",
+                tmp_path / f"process{i}.log", num_devices=2)
         for i in range(2)
     ]
-    single = _run_toy_loop(tmp_path / "sp", _mesh(data=2, tensor=2, devices=jax.devices()[:4]), steps, ema_decay=0.9)
-    results = [_finish(p) for p in procs]
+    try:  # the 1-process x 4-device reference runs in this process meanwhile
+        single = _run_toy_loop(tmp_path / "sp", _mesh(data=2, tensor=2, devices=jax.devices()[:4]), steps,
+                               ema_decay=0.9)
+        results = [_finish(p) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for rc, out in results:
         assert rc == 0, out[-3000:]
     out = results[0][1]

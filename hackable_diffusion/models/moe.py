@@ -100,6 +100,7 @@ def expert_capacity(num_tokens: int, top_k: int, num_experts: int, capacity_fact
     return max(1, min(capacity, num_tokens))
 
 
+_UNROLL_MAX_EXPERTS = 16
 _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_A = 0.044715
 
@@ -136,11 +137,27 @@ def _expert_ffn(
     linear: Float[Array, "e h d"],
     dtype: Any,
 ) -> Float[Array, "e c d"]:
-    """Batched gated-GELU experts: ``gelu_tanh(x Wg) * (x Wu) @ Wdown``; f32 accumulation, f32 result."""
-    gate = jnp.einsum("ecd,ehd->ech", x, gating[:, 0], preferred_element_type=jnp.float32)
-    up = jnp.einsum("ecd,ehd->ech", x, gating[:, 1], preferred_element_type=jnp.float32)
-    hidden = gated_gelu(gate, up).astype(dtype)
-    return jnp.einsum("ech,ehd->ecd", hidden, linear, preferred_element_type=jnp.float32)
+    """Gated-GELU experts on a per-expert buffer: ``gelu_tanh(x Wg) * (x Wu) @ Wdown``; f32 accumulation, f32 result.
+
+    Up to ``_UNROLL_MAX_EXPERTS`` experts are unrolled into plain 2-D matmuls with gate and up fused into one
+    (C, D) x (D, 2H) product (``gating[e]`` is contiguous, so the fused weight is a free reshape): on XLA:CPU this
+    measured ~5% faster than batched einsums and avoids copying the strided ``gating[:, 0]`` / ``gating[:, 1]``
+    slices. More experts use batched einsums (bounded program size).
+    """
+    num_experts, _, hidden_dim, model_dim = gating.shape
+    if num_experts > _UNROLL_MAX_EXPERTS:
+        gate = jnp.einsum("ecd,ehd->ech", x, gating[:, 0], preferred_element_type=jnp.float32)
+        up = jnp.einsum("ecd,ehd->ech", x, gating[:, 1], preferred_element_type=jnp.float32)
+        hidden = gated_gelu(gate, up).astype(dtype)
+        return jnp.einsum("ech,ehd->ecd", hidden, linear, preferred_element_type=jnp.float32)
+    outputs = []
+    for e in range(num_experts):
+        gate_up = jnp.einsum(
+            "cd,fd->cf", x[e], gating[e].reshape(2 * hidden_dim, model_dim), preferred_element_type=jnp.float32
+        )
+        hidden = gated_gelu(gate_up[:, :hidden_dim], gate_up[:, hidden_dim:]).astype(dtype)
+        outputs.append(jnp.einsum("ch,hd->cd", hidden, linear[e], preferred_element_type=jnp.float32))
+    return jnp.stack(outputs)
 
 
 def _combine(

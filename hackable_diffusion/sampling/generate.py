@@ -127,8 +127,11 @@ def _lengths(tokens: np.ndarray, stop_tokens: Sequence[int], produced: int) -> n
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def _prefill(model, params, tokens, cache, token_mask):
+@functools.partial(jax.jit, static_argnames=("model", "cache_length"))
+def prefill(model: T.Transformer, params: Any, tokens: Int[Array, "b p"], token_mask: Bool[Array, "b p"], *,
+            cache_length: int) -> tuple[Float[Array, "b p v"], KVCache]:
+    """Encodes right-padded prompts causally into a fresh cache of `cache_length` slots (end_index = p afterwards)."""
+    cache = init_cache(model.cfg, tokens.shape[0], cache_length)
     return T.append(model, params, tokens, cache, token_mask=token_mask)
 
 
@@ -152,8 +155,11 @@ def truncate_at_stop(canvas: Int[Array, "b c"], stop_tokens: Int[Array, "n"],
 
 
 @functools.partial(jax.jit, static_argnames=("sampler",))
-def _initial_canvas(keys, fixed, fixed_tokens, *, sampler):
-    return sampler.initial_canvas(keys, keys.shape[0], fixed=fixed, fixed_tokens=fixed_tokens)
+def _start_canvas(keys, index, fixed, fixed_tokens, *, sampler):
+    """Canvas `index`: its starting tokens and its denoising keys, both derived from each row's own key."""
+    canvas_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, index)))(keys)
+    init = sampler.initial_canvas(canvas_keys[:, 0], keys.shape[0], fixed=fixed, fixed_tokens=fixed_tokens)
+    return init, canvas_keys[:, 1]
 
 
 def generate(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Sequence[Sequence[int]], *,
@@ -201,7 +207,7 @@ def generate(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Seq
         given_all[:, :fixed.shape[1]] = fixed_tokens
 
     keys = row_keys(key, b)
-    _, cache = _prefill(model, params, tokens, init_cache(model.cfg, b, cache_length), mask)
+    _, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
     stop = _stop_array(stop_tokens)
     active = jnp.ones((b,), bool)
     forward_passes = 1
@@ -209,11 +215,10 @@ def generate(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Seq
     for index in range(num_canvases):
         if not bool(jnp.any(active)):
             break
-        canvas_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, index)))(keys)
         span = slice(index * c, (index + 1) * c)
-        canvas_fixed, canvas_given = jnp.asarray(fixed_all[:, span]), jnp.asarray(given_all[:, span])
-        init = _initial_canvas(canvas_keys[:, 0], canvas_fixed, canvas_given, sampler=sampler)
-        result = denoise_canvas(model, params, cache, init, canvas_keys[:, 1], sampler=sampler, fixed=canvas_fixed,
+        canvas_fixed, canvas_given = fixed_all[:, span], given_all[:, span]
+        init, canvas_keys = _start_canvas(keys, index, canvas_fixed, canvas_given, sampler=sampler)
+        result = denoise_canvas(model, params, cache, init, canvas_keys, sampler=sampler, fixed=canvas_fixed,
                                 active=active, return_trajectory=return_trajectory)
         canvas, stopped = truncate_at_stop(result.canvas, stop, active)
         cache = commit_canvas(model, params, cache, canvas)
@@ -309,8 +314,7 @@ def generate_ar(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | 
     tokens, mask = _as_prompt_batch(prompts, prompt_mask)
     _check_max_new(max_new_tokens)
     b, width = tokens.shape
-    cache = init_cache(model.cfg, b, width + max_new_tokens)
-    logits, cache = _prefill(model, params, tokens, cache, mask)
+    logits, cache = prefill(model, params, tokens, mask, cache_length=width + max_new_tokens)
     last_real = width - 1 - jnp.argmax(mask[:, ::-1], axis=1)
     first_logits = jnp.take_along_axis(logits, last_real[:, None, None], axis=1)[:, 0]
     bias = np.zeros(model.cfg.vocab_size, np.float32)

@@ -1,9 +1,14 @@
-"""Quickstart: DiffusionGemma's recipe on tiny Shakespeare, small enough to train and sample in minutes on a CPU.
+"""Quickstart: block masked diffusion on tiny Shakespeare, small enough to train and sample in minutes on a CPU.
 
   python -m hackable_diffusion.train --config configs/quickstart.py --workdir runs/quickstart
 
-Uniform ("multinomial") noise, block canvases of 32 characters read through the causal encoder's KV cache,
-canvas cross-entropy + encoder AR loss, self-conditioning; sampled with the entropy-bound sampler.
+A 1.5M-parameter Gemma-4-style MoE model; canvases of 32 characters, each denoised bidirectionally against the causal
+encoder's KV cache of the clean canvases before it (BD3-LM / DiffusionGemma structure); MD4/MDLM ELBO; sampled with
+the entropy-bound rule (EB-Sampler / DiffusionGemma), canvas after canvas.
+
+Masking rather than DiffusionGemma's uniform noise: with uniform noise the sampler re-randomises every position it
+does not accept, and a model this small accepts few, so its samples stay mostly noise after minutes of training
+(`configs/shakespeare_uniform.py`-style runs need more compute); a masking sampler commits a model sample everywhere.
 """
 
 from hackable_diffusion import recipes
@@ -11,7 +16,7 @@ from hackable_diffusion.models import presets
 
 
 def get_config():
-  c = recipes.text_config("shakespeare", "uniform", model=presets.quickstart(), steps=300, seq_len=128,
+  c = recipes.text_config("shakespeare", "masking", model=presets.quickstart(), steps=300, seq_len=128,
                           batch_size=16, canvas_len=32)
   c.optimizer.peak_lr = 3e-3
   c.optimizer.warmup_steps = 30

@@ -11,7 +11,9 @@ Pieces, each usable alone:
 - `load_base(config)`: the model, tokenizer and base params named by `config.init`:
   kind "toolbox": `init.checkpoint` is a toolbox workdir (or its `checkpoints/` folder); the params (EMA if
   `init.use_ema` and present) of its latest step are restored, and its `config.json` (model shape) and `tokenizer/`
-  are used when present. kind "gemma": `init.checkpoint` is a gemma-layout orbax directory
+  are used when present. kind "params": `init.checkpoint` is a params directory written by `save_params` (e.g. the
+  `fused_params` of an earlier SFT run; its parent's `config.json` and `tokenizer/` are used the same way).
+  kind "gemma": `init.checkpoint` is a gemma-layout orbax directory
   (`models.gemma_convert.load_gemma_checkpoint`), shaped by `config.model`. kind "scratch": random init (smoke tests).
 - `shakespeare_pairs` / `build_examples` / `make_example_iterator`: the self-contained demo task, tiny Shakespeare
   "prompt = `sft.prompt_lines` lines, response = the next `sft.response_lines` lines", as a grain pipeline whose state
@@ -56,7 +58,7 @@ from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 
 PyTree = Any
-INIT_KINDS = ("toolbox", "gemma", "scratch")
+INIT_KINDS = ("toolbox", "params", "gemma", "scratch")
 FUSED_DIR, LORA_DIR, GEMMA_DIR = "fused_params", "lora_params", "gemma_params"
 
 
@@ -72,8 +74,8 @@ def sft_config(*, model: dict[str, Any] | None = None, init_kind: str = "toolbox
     c.model = ml_collections.ConfigDict(model or presets.quickstart())
     c.model.self_conditioning = True
     c.init = ml_collections.ConfigDict(dict(
-        kind=init_kind,  # "toolbox" | "gemma" | "scratch"
-        checkpoint=checkpoint,  # toolbox workdir (or its checkpoints/) | gemma orbax directory
+        kind=init_kind,  # "toolbox" | "params" | "gemma" | "scratch"
+        checkpoint=checkpoint,  # toolbox workdir (or its checkpoints/) | params dir (fused_params) | gemma orbax dir
         use_ema=True,  # toolbox: take ema_params when the run kept an EMA
         tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus
     ))
@@ -137,10 +139,13 @@ def load_toolbox_params(path: str | os.PathLike, *, use_ema: bool = True,
     step = steps[-1] if step is None else int(step)
     if step not in steps:
         raise ValueError(f"Checkpoint step {step} not found in {str(checkpoints)!r}; available: {steps}.")
-    item = checkpoints / str(step) / "state"
+    item = (checkpoints / str(step) / "state").absolute()
     checkpointer = ocp.PyTreeCheckpointer()
-    metadata = checkpointer.metadata(item).item_metadata.tree
+    metadata = gemma_convert.tree_metadata(item)
     key = "ema_params" if use_ema and metadata.get("ema_params") else "params"
+    if isinstance(metadata[key], Mapping) and set(metadata[key]) == {lora_lib.BASE_KEY, lora_lib.LORA_KEY}:
+        raise ValueError(f"{str(path)!r} is a LoRA fine-tuning run (its params are {{'base', 'lora'}}); start from "
+                         f"its fused weights instead: init.kind='params', init.checkpoint='{path}/{FUSED_DIR}'.")
     subtree = {key: metadata[key]}
     restored = checkpointer.restore(item, args=ocp.args.PyTreeRestore(
         item=jax.tree.map(lambda m: np.empty(m.shape, m.dtype), subtree),
@@ -178,11 +183,12 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
     init = config.init
     if init.kind not in INIT_KINDS:
         raise ValueError(f"config.init.kind={init.kind!r} must be one of {INIT_KINDS}.")
-    if init.kind == "toolbox":
+    if init.kind in ("toolbox", "params"):
         if not init.checkpoint:
-            raise ValueError("config.init.kind='toolbox' needs config.init.checkpoint (a training workdir).")
+            raise ValueError(f"config.init.kind={init.kind!r} needs config.init.checkpoint (a training workdir, or a "
+                             "params directory for kind 'params').")
         source = pathlib.Path(init.checkpoint)
-        run_dir = source.parent if source.name == "checkpoints" else source
+        run_dir = source.parent if (source.name == "checkpoints" or init.kind == "params") else source
         tokenizer_dir = run_dir / "tokenizer"
         tokenizer = (tok_lib.load_tokenizer(tokenizer_dir) if (tokenizer_dir / tok_lib.CONFIG_FILE).is_file()
                      else _corpus_tokenizer(config))
@@ -190,11 +196,16 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
         if (run_dir / "config.json").is_file():
             shape = cli.load_saved_config(str(run_dir)).model.to_dict()
         cfg = _model_config(shape, tokenizer.vocab_size)
-        params, step = load_toolbox_params(source, use_ema=init.use_ema)
-        gemma_convert.check_toolbox_params(params, cfg, f"The params of {str(source)!r} step {step}")
-        return Base(T.Transformer(cfg), tokenizer, params, f"toolbox:{source}@{step}")
+        if init.kind == "params":
+            params, where = load_params(source), f"params:{source}"
+        else:
+            params, step = load_toolbox_params(source, use_ema=init.use_ema)
+            where = f"toolbox:{source}@{step}"
+        gemma_convert.check_toolbox_params(params, cfg, f"The params of {where}")
+        return Base(T.Transformer(cfg), tokenizer, params, where)
     tokenizer = _corpus_tokenizer(config)
-    vocab = config.model.get("vocab_size") or tokenizer.vocab_size
+    # A gemma tree fixes the vocabulary (config.model.vocab_size); a scratch model takes the tokenizer's.
+    vocab = (config.model.get("vocab_size") or tokenizer.vocab_size) if init.kind == "gemma" else tokenizer.vocab_size
     cfg = _model_config(config.model.to_dict(), vocab)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size={cfg.vocab_size}.")
@@ -296,7 +307,7 @@ def load_params(directory: str | os.PathLike) -> PyTree:
     """Reads a params pytree written by `save_params` (numpy arrays, on the host)."""
     directory = os.path.abspath(os.fspath(directory))
     checkpointer = ocp.PyTreeCheckpointer()
-    metadata = checkpointer.metadata(directory).item_metadata.tree
+    metadata = gemma_convert.tree_metadata(directory)
     return checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
         restore_args=jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), metadata)))
 
@@ -335,8 +346,6 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
     base = load_base(config)
     model, tokenizer = base.model, base.tokenizer
     cfg = model.cfg
-    if not cfg.self_conditioning and config.diffusion.self_condition_prob > 0:
-        raise ValueError("diffusion.self_condition_prob > 0 needs a model with self_conditioning=True.")
     saved = config.copy_and_resolve_references()
     with saved.unlocked():
         saved.model = ml_collections.ConfigDict(dataclasses.asdict(cfg))
@@ -418,7 +427,8 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
     if out.save_gemma:
         gemma_convert.save_gemma_checkpoint(fused, cfg, path / GEMMA_DIR, force=True)
     if sample_at_end and jax.process_index() == 0:
-        sampler = exp_lib.build_sampler(config, process)
+        unused = tuple(range(tokenizer.vocab_size, cfg.vocab_size))  # ids the tokenizer cannot decode
+        sampler = exp_lib.build_sampler(config, process, forbidden_tokens=(0, 2, 3) + unused)
         prompt = config.sampler.prompt
         max_new = -(-config.sampler.max_new_tokens // sampler.canvas_length) * sampler.canvas_length
         result = gen_lib.generate(model, fused, [[BOS_ID] + tokenizer.encode(prompt)], sampler=sampler,
@@ -432,16 +442,25 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
 # Command line.
 
 
+def _quiet_library_logs() -> None:
+    """orbax/grain/jax log every checkpoint step at INFO through absl; keep warnings and our own prints."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    for name in ("orbax", "jax", "grain", "absl"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv):
     from absl import app
-
-    from hackable_diffusion.train import quiet_library_logs
 
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
-    quiet_library_logs()
+    _quiet_library_logs()
     config = _CONFIG.value
     if jax.process_index() == 0:
         print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)

@@ -43,7 +43,7 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
   from hackable_diffusion.models import partitioning
   from hackable_diffusion.models import transformer as T
   from hackable_diffusion.models.param_count import count_params
-  from hackable_diffusion.training import loop, sharding
+  from hackable_diffusion.training import loop, metrics, sharding
 
   path = exp_lib.workdir_path(workdir)
   if jax.process_index() == 0:
@@ -71,11 +71,16 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
   def eval_fn(params, ema_params):
     use = ema_params if ema_params is not None else params
     out = exp_lib.evaluate_likelihood(exp, use, num_batches=config.eval.num_batches)
+    if config.eval.num_samples and jax.process_count() == 1:
+      prompts = [config.sampler.prompt] * config.eval.num_samples
+      texts, result = exp_lib.sample_texts(exp, use, prompts, seed=config.seed)
+      out["sample_forward_passes"] = result.forward_passes
+      with open(path / "samples.txt", "a") as f:
+        f.write("--- eval samples ---\n" + "".join(f"{config.sampler.prompt}{t}\n" for t in texts))
+      print("eval sample: " + repr(config.sampler.prompt + texts[0][:200]), flush=True)
     return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 
-  optimizer_cfg = config.optimizer.copy_and_resolve_references()
-  if not optimizer_cfg.total_steps:
-    optimizer_cfg.total_steps = config.train.num_steps
+  optimizer_cfg = exp_lib.optimizer_config(config)
   seq_len = config.data.seq_len
   flops = exp_lib.flops_per_token(exp.model, seq_len) * exp_lib.objective_passes(config)
   state = loop.train(
@@ -97,7 +102,7 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
       eval_every=config.train.eval_every,
       tokens_per_example=seq_len,
       flops_per_token=flops,
-      peak_flops=config.train.get("peak_flops", 0) or None,
+      peak_flops=config.train.get("peak_flops", 0) or metrics.measure_peak_matmul_flops(1024, repeats=3),
   )
   if sample_at_end and jax.process_index() == 0:
     params = state.ema_params if state.ema_params is not None else state.params

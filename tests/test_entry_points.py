@@ -54,11 +54,12 @@ def test_train_command_rejects_unknown_key_before_running(tmp_path):
   assert not (tmp_path / "config.json").exists()
 
 
-@pytest.mark.parametrize("process", ["uniform", "masking", "none"])
-def test_train_resume_sample_and_evaluate(tmp_path, capsys, process):
+def test_train_resume_sample_and_evaluate(tmp_path, capsys):
+  """The full path with DiffusionGemma's recipe: train, checkpoints, metrics, resume, sample, evaluate."""
   from hackable_diffusion import evaluate, experiment
   from hackable_diffusion import train
 
+  process = "uniform"
   workdir = str(tmp_path / "run")
   train.run(tiny_text_config(process, steps=6), workdir)
   out = capsys.readouterr().out
@@ -80,6 +81,19 @@ def test_train_resume_sample_and_evaluate(tmp_path, capsys, process):
   texts, result = experiment.sample_texts(exp, params, ["ROMEO:", "JULIET:"], seed=0, max_new_tokens=16)
   again, _ = experiment.sample_texts(exp, params, ["ROMEO:", "JULIET:"], seed=0, max_new_tokens=16)
   assert texts == again and len(texts) == 2  # same seed, same output
-  metrics = evaluate.likelihood(workdir, num_batches=2, batch_size=4)
+  metrics = evaluate.likelihood(workdir, num_batches=2, batch_size=8)
   assert metrics["bits_per_token"] > 0 and metrics["bits_per_char"] > 0
+  assert metrics["bound"] == "ELBO (upper bound on NLL)"
+
+
+@pytest.mark.parametrize("process", ["masking", "none"])
+def test_masking_and_autoregressive_runs_train_and_sample(tmp_path, capsys, process):
+  from hackable_diffusion import evaluate, train
+
+  config = tiny_text_config(process, steps=2)
+  config.train.eval_every = 0
+  config.train.checkpoint_every = 2
+  train.run(config, str(tmp_path))
+  assert "Sample (" + ("autoregressive" if process == "none" else "diffusion") in capsys.readouterr().out
+  metrics = evaluate.likelihood(str(tmp_path), num_batches=1, batch_size=8)
   assert metrics["bound"] == ("exact NLL" if process == "none" else "ELBO (upper bound on NLL)")

@@ -145,7 +145,8 @@ def test_rules_are_data(cfg):
     params = _init(cfg, 1)
     tree = gc.to_gemma(params, cfg, rules)
     assert tree["layer_2"]["dense"]["down_proj"].shape == (cfg.embed_dim, cfg.ffw_hidden)
-    np.testing.assert_array_equal(tree["layer_2"]["dense"]["down_proj"], params["layers"]["block_0"]["mlp2"]["linear"][1].T)
+    np.testing.assert_array_equal(tree["layer_2"]["dense"]["down_proj"],
+                                  params["layers"]["block_0"]["mlp2"]["linear"][1].T)
     _assert_trees_identical(gc.from_gemma(tree, cfg, rules), params)
     with pytest.raises(ValueError, match=r"No conversion rule for the toolbox parameter 'layers/block_0/mlp2/linear'"):
         gc.to_gemma(params, cfg, without)
@@ -169,7 +170,8 @@ def test_full_size_shapes_match_the_reference():
     assert shapes["self_conditioner/ffw/gating_einsum"] == (2, 2112, 2816)
     global_layers = sorted(int(p.split("/")[0][6:]) for p in shapes if p.endswith("attn/k_einsum/w"))
     assert global_layers == [5, 11, 17, 23, 29]
-    assert len([p for p in shapes if p.startswith("layer_")]) == 30 * 20  # 20 leaves per layer (k_einsum replaces kv_einsum)
+    # 20 leaves per layer (k_einsum replaces kv_einsum on global layers).
+    assert len([p for p in shapes if p.startswith("layer_")]) == 30 * 20
     total = sum(int(np.prod(s)) for s in shapes.values())
     assert 25.0e9 < total < 25.5e9  # ≈ 25.2B (§3) plus 17.8M for self-conditioning
 

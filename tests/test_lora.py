@@ -22,9 +22,14 @@ BLOCK_WEIGHTS = ("attn/attn_vec_einsum", "attn/q_einsum", "mlp2/gating_einsum", 
 EXPERTS = ("moe/gating_einsum", "moe/linear")
 
 
+FAST = {"xla_backend_optimization_level": 0}  # ~2.5x faster CPU compiles for these tiny programs
+
+
 def _cfg(moe: bool = True) -> TransformerConfig:
     shape = presets.tiny(moe=moe)
     shape.update(self_conditioning=True, num_layers=4)  # 2 scanned groups of (local, global)
+    if moe:
+        shape["moe"]["dispatch"] = "dense"  # every expert on every token: the cheapest program to compile
     return TransformerConfig.from_dict(shape)
 
 
@@ -47,7 +52,8 @@ def _with_random_b(lora, seed: int):
 
 def _bits_equal(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)))
 
 
 @pytest.fixture(scope="module")
@@ -87,18 +93,23 @@ def test_targets_select_exactly_the_expected_leaves(params):
         L.LoRA(include_experts=True).targeted_paths(dense)
 
 
-def test_zero_b_is_the_base_and_delta_is_scaled_product(params):
+@pytest.fixture(scope="module")
+def adapted(params):
+    """rank 2, alpha 6 (scale 3) on every weight, experts included; B set to random values."""
     adapter = L.LoRA(rank=2, alpha=6.0, include_experts=True)
-    assert adapter.scale == 3.0 and L.LoRA(rank=4).scale == 1.0  # alpha=None: the reference (no scaling)
-    lora = adapter.init(params, jax.random.key(0))
-    merged = adapter.merge(params, lora)
-    for (p, a), (_, b) in zip(gc.flatten_tree(params).items(), gc.flatten_tree(merged).items()):
-        assert _bits_equal(a, b), p
-    a_q = np.asarray(lora["layers"]["block_0"]["attn"]["q_einsum"]["lora_a"])
-    assert a_q.shape == (2, 32, 2) and np.abs(a_q).max() <= 32 ** -0.5  # +-1/sqrt(fan_in = D)
+    init = jax.device_get(jax.jit(adapter.init)(params, jax.random.key(0)))
+    merge = jax.jit(adapter.merge)
+    lora = _with_random_b(init, 1)
+    return adapter, init, jax.device_get(merge(params, init)), lora, jax.device_get(merge(params, lora))
 
-    lora = _with_random_b(lora, 1)
-    merged = jax.device_get(adapter.merge(params, lora))
+
+def test_zero_b_is_the_base_and_delta_is_scaled_product(params, adapted):
+    adapter, init, merged_init, lora, merged = adapted
+    assert adapter.scale == 3.0 and L.LoRA(rank=4).scale == 1.0  # alpha=None: the reference (no scaling)
+    for (p, a), (_, b) in zip(gc.flatten_tree(params).items(), gc.flatten_tree(merged_init).items()):
+        assert _bits_equal(a, b), p
+    a_q = np.asarray(init["layers"]["block_0"]["attn"]["q_einsum"]["lora_a"])
+    assert a_q.shape == (2, 32, 2) and np.abs(a_q).max() <= 32 ** -0.5  # +-1/sqrt(fan_in = D)
     s = 3.0
 
     def check(path, equation):
@@ -114,21 +125,23 @@ def test_zero_b_is_the_base_and_delta_is_scaled_product(params):
     check("layers/block_1/attn/attn_vec_einsum", "gnhr,grd->gnhd")
     check("layers/block_0/moe/router_logits", "gdr,gre->gde")
     check("layers/block_1/moe/gating_einsum", "gedr,gerjf->gejfd")
-    check("layers/block_0/moe/linear", "gefr,ged->gefd".replace("ged", "gerd"))
+    check("layers/block_0/moe/linear", "gefr,gerd->gefd")
     check("self_conditioner/ffw/gating_einsum", "dr,rjf->jfd")
     check("self_conditioner/ffw/linear", "fr,rd->fd")
     untouched = "layers/block_0/pre_attention_norm/scale"
     assert _bits_equal(gc.flatten_tree(params)[untouched], gc.flatten_tree(merged)[untouched])
 
-    doubled = jax.device_get(L.LoRA(rank=2, alpha=12.0, include_experts=True).merge(params, lora))
+    doubled = jax.device_get(jax.jit(L.LoRA(rank=2, alpha=12.0, include_experts=True).merge)(params, lora))
     for path in adapter.targeted_paths(params):
         base = gc.flatten_tree(params)[path]
-        np.testing.assert_array_equal(gc.flatten_tree(doubled)[path] - base,
-                                      2 * (gc.flatten_tree(merged)[path] - base))
+        np.testing.assert_allclose(gc.flatten_tree(doubled)[path] - base, 2 * (gc.flatten_tree(merged)[path] - base),
+                                   rtol=1e-5, atol=1e-6)
 
 
 # Each weight as the model uses it (x @ W, unstacked) and the same map with LoRA on the fly: (x @ A) @ B.
 _ON_THE_FLY = {
+    "moe/gating_einsum": ("ebd,egfd->ebgf", "ebd,edr->ebr", "ebr,ergf->ebgf", lambda w: (w.shape[0], 3, w.shape[3])),
+    "moe/linear": ("ebf,efd->ebd", "ebf,efr->ebr", "ebr,erd->ebd", lambda w: (w.shape[0], 3, w.shape[1])),
     "attn/q_einsum": ("bd,ndh->bnh", "bd,dr->br", "br,rnh->bnh", lambda w: (3, w.shape[1])),
     "attn/kv_einsum": ("bd,ckdh->bckh", "bd,dr->br", "br,rckh->bckh", lambda w: (3, w.shape[2])),
     "attn/k_einsum": ("bd,kdh->bkh", "bd,dr->br", "br,rkh->bkh", lambda w: (3, w.shape[1])),
@@ -136,22 +149,17 @@ _ON_THE_FLY = {
     "gating_einsum": ("bd,gfd->bgf", "bd,dr->br", "br,rgf->bgf", lambda w: (3, w.shape[2])),
     "linear": ("bf,fd->bd", "bf,fr->br", "br,rd->bd", lambda w: (3, w.shape[0])),
     "moe/router_logits": ("bd,de->be", "bd,dr->br", "br,re->be", lambda w: (3, w.shape[0])),
-    "moe/gating_einsum": ("ebd,egfd->ebgf", "ebd,edr->ebr", "ebr,ergf->ebgf", lambda w: (w.shape[0], 3, w.shape[3])),
-    "moe/linear": ("ebf,efd->ebd", "ebf,efr->ebr", "ebr,erd->ebd", lambda w: (w.shape[0], 3, w.shape[1])),
 }
 
 
-def test_fused_weight_equals_lora_on_the_fly(params):
-    adapter = L.LoRA(rank=3, alpha=1.5, include_experts=True)
-    lora = _with_random_b(adapter.init(params, jax.random.key(2)), 3)
-    merged = jax.device_get(adapter.merge(params, lora))
+def test_fused_weight_equals_lora_on_the_fly(params, adapted):
+    adapter, _, _, lora, merged = adapted
     flat_base, flat_fused = gc.flatten_tree(params), gc.flatten_tree(merged)
     rng = np.random.default_rng(4)
     for path in adapter.targeted_paths(params):
         names = path.split("/")
-        key = next(k for k in _ON_THE_FLY if path.endswith("moe/" + k.split("/")[-1]) or
-                   (not path.split("/")[-2] == "moe" and path.endswith(k)))
-        eq, eq_a, eq_b, x_shape = _ON_THE_FLY[key]
+        kind = next(k for k in _ON_THE_FLY if path.endswith("/" + k))  # dict order: specific kinds first
+        eq, eq_a, eq_b, x_shape = _ON_THE_FLY[kind]
         pick = (lambda v: v[1]) if names[0] == "layers" else (lambda v: v)  # group 1 of a scanned weight
         w, fused = pick(np.asarray(flat_base[path])), pick(np.asarray(flat_fused[path]))
         pair = L._get(lora, names)
@@ -170,9 +178,9 @@ def trained(cfg, params):
                                              weight_decay=0.01, clip_norm=1.0))
     optimizer = optimizers.make_optimizer(opt_cfg, L.trainable_mask)
     loss_fn = L.lora_loss_fn(adapter, AutoregressiveObjective(model))
-    step = jax.jit(make_train_step(loss_fn, optimizer, trainable_mask=L.trainable_mask))
-    state = TrainState.create({"base": jax.tree.map(jnp.asarray, params), "lora": adapter.init(params, jax.random.key(5))},
-                              optimizer, jax.random.key(6))
+    step = jax.jit(make_train_step(loss_fn, optimizer, trainable_mask=L.trainable_mask), compiler_options=FAST)
+    lora = jax.jit(adapter.init)(params, jax.random.key(5))
+    state = TrainState.create({"base": jax.tree.map(jnp.asarray, params), "lora": lora}, optimizer, jax.random.key(6))
     batch = {"tokens": jnp.asarray(np.random.default_rng(7).integers(4, cfg.vocab_size, (4, 12)), jnp.int32)}
     losses = []
     for _ in range(4):
@@ -207,15 +215,16 @@ def test_lora_state_checkpoint_round_trip_and_fused_logits(trained, tmp_path):
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
         assert _bits_equal(a, b)
 
-    fused = jax.device_get(adapter.merge(restored.params["base"], restored.params["lora"]))
+    fused = jax.device_get(jax.jit(adapter.merge)(restored.params["base"], restored.params["lora"]))
     sft.save_params(fused, tmp_path / "fused")
     reloaded = sft.load_params(tmp_path / "fused")
     tokens = jnp.asarray(np.random.default_rng(8).integers(4, model.cfg.vocab_size, (2, 10)), jnp.int32)
-    forward = jax.jit(lambda p: T.forward(model, p, tokens)[0])
-    train_time = jax.jit(lambda s: T.forward(model, adapter.merge(s["base"], s["lora"]), tokens)[0])
-    logits_fused = np.asarray(forward(reloaded))
-    np.testing.assert_allclose(logits_fused, np.asarray(train_time(restored.params)), rtol=1e-5, atol=1e-5)
-    assert np.abs(logits_fused - np.asarray(forward(restored.params["base"]))).max() > 1e-3  # the adapters act
+    logits = jax.jit(lambda fused, state: (T.forward(model, fused, tokens)[0],  # sampling: fused weights
+                                           T.forward(model, adapter.merge(state["base"], state["lora"]), tokens)[0],
+                                           T.forward(model, state["base"], tokens)[0]), compiler_options=FAST)
+    logits_fused, logits_training, logits_base = map(np.asarray, logits(reloaded, restored.params))
+    np.testing.assert_allclose(logits_fused, logits_training, rtol=1e-5, atol=1e-5)
+    assert np.abs(logits_fused - logits_base).max() > 1e-3  # the adapters act
 
 
 def test_logical_axes_shard_lora_like_its_weight(trained):
@@ -271,7 +280,8 @@ def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
     expected = jax.device_get(result.adapter.merge(base, lora))
     for path, leaf in gc.flatten_tree(expected).items():
         assert _bits_equal(gc.flatten_tree(fused)[path], leaf), path
-    assert not np.array_equal(fused["layers"]["block_0"]["attn"]["q_einsum"], params["layers"]["block_0"]["attn"]["q_einsum"])
+    q = ("layers", "block_0", "attn", "q_einsum")
+    assert not np.array_equal(L._get(fused, q), L._get(params, q))
     gemma = gc.load_gemma_checkpoint(work / sft.GEMMA_DIR, cfg)
     for path, leaf in gc.flatten_tree(expected).items():
         assert _bits_equal(gc.flatten_tree(gemma)[path], leaf), path
@@ -281,3 +291,13 @@ def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
     again = sft.run_sft(config, str(work))  # resumes at the last step: nothing to train, same adapters
     for a, b in zip(jax.tree.leaves(lora), jax.tree.leaves(again.state.params["lora"])):
         assert _bits_equal(a, b)
+
+    # The fused weights start the next fine-tuning; the LoRA run's own checkpoints point there.
+    chained = config.copy_and_resolve_references()
+    chained.init.update(kind="params", checkpoint=str(work / sft.FUSED_DIR))
+    start = sft.load_base(chained)
+    assert start.model.cfg == cfg and start.tokenizer.vocab_size == tokenizer.vocab_size
+    for path, leaf in gc.flatten_tree(expected).items():
+        assert _bits_equal(gc.flatten_tree(start.params)[path], leaf), path
+    with pytest.raises(ValueError, match="is a LoRA fine-tuning run"):
+        sft.load_toolbox_params(work)

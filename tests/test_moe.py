@@ -345,9 +345,11 @@ def test_token_mask_pads_do_not_affect_real_tokens():
     noise_x, noise_r = _module_inputs(jax.random.key(35))
     pad = ~mask[..., None]
     x2, r2 = jnp.where(pad, noise_x * 10, x), jnp.where(pad, noise_r * 10, r)
+    x2, r2 = x2.at[0, -1].set(jnp.nan), r2.at[1, -1].set(jnp.inf)  # even non-finite pads must not leak
     y2, aux2 = _apply(module, variables, x2, r2, mask)
     np.testing.assert_array_equal(np.asarray(y1)[np.asarray(mask)], np.asarray(y2)[np.asarray(mask)])
     assert np.all(np.asarray(y1)[~np.asarray(mask)] == 0.0)
+    assert np.all(np.asarray(y2)[~np.asarray(mask)] == 0.0)
     for key in aux1:
         np.testing.assert_allclose(aux1[key], aux2[key], rtol=1e-6)
     # With no mask, the same real tokens may lose slots to the (former) pads: drops can only grow.

@@ -79,6 +79,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import pathlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -401,13 +402,14 @@ def from_gemma(tree: Mapping[str, Any], cfg: TransformerConfig, rules: Sequence[
 # Orbax checkpoint directories.
 
 
-def _restore_metadata(directory: str) -> dict[str, Any]:
-    checkpointer = ocp.PyTreeCheckpointer()
-    metadata = checkpointer.metadata(directory)
-    tree = getattr(getattr(metadata, "item_metadata", None), "tree", None)
-    if tree is None:
-        tree = metadata
-    return tree
+def tree_metadata(directory: str | os.PathLike) -> dict[str, Any]:
+    """The nested tree of array metadata (shape, dtype) of an orbax PyTree item directory, without reading arrays.
+
+    Read through the PyTree handler, so it also works for an item inside a CheckpointManager step (e.g.
+    `checkpoints/300/state`), which has no item-level `_CHECKPOINT_METADATA` file.
+    """
+    metadata = ocp.PyTreeCheckpointHandler().metadata(pathlib.Path(os.path.abspath(os.fspath(directory))))
+    return getattr(metadata, "tree", metadata)
 
 
 def load_gemma_checkpoint(directory: str | os.PathLike, cfg: TransformerConfig, dtype: Any = None, *,
@@ -421,7 +423,7 @@ def load_gemma_checkpoint(directory: str | os.PathLike, cfg: TransformerConfig, 
     directory = os.path.abspath(os.fspath(directory))
     if not os.path.isdir(directory):
         raise ValueError(f"Gemma checkpoint directory {directory!r} does not exist.")
-    metadata = _restore_metadata(directory)
+    metadata = tree_metadata(directory)
     plan, _ = _plan(cfg, rules)
     expected = {p: jax.ShapeDtypeStruct(e.shape, e.dtype) for p, e in plan.items()}
     flat_meta = flatten_tree(metadata)

@@ -249,20 +249,24 @@ class LoRA:
     def init(self, params: PyTree, key: jax.Array) -> PyTree:
         """Adapters for `params`: A uniform in +-1/sqrt(fan_in), B zeros (so merge(params, init) == params)."""
         flat = {"/".join(p): (p, leaf) for p, leaf in _flatten(params).items()}
-        paths = self.targeted_paths(params)
-        keys = jax.random.split(key, len(paths))
         dtype = self.dtype or jnp.float32
-        lora: dict[str, Any] = {}
-        for leaf_key, path in zip(keys, paths):
+        plan = []
+        for path in self.targeted_paths(params):
             names, leaf = flat[path]
             a_shape, b_shape = self.factor_shapes(names, leaf.shape)
             fact, stacked = factorization_of(names)
             fan_in = math.prod(leaf.shape[i] for i in _full_axes(fact, stacked)[1])
-            bound = 1.0 / math.sqrt(fan_in)
-            _set(lora, names, {
-                A_NAME: jax.random.uniform(leaf_key, a_shape, dtype, -bound, bound),
-                B_NAME: jnp.zeros(b_shape, dtype),
-            })
+            plan.append((names, a_shape, b_shape, 1.0 / math.sqrt(fan_in)))
+        # One uniform draw for every A (one RNG program instead of one per weight), cut in path order.
+        total = sum(math.prod(a_shape) for _, a_shape, _, _ in plan)
+        uniform = jax.random.uniform(key, (total,), jnp.float32, -1.0, 1.0)
+        lora: dict[str, Any] = {}
+        offset = 0
+        for names, a_shape, b_shape, bound in plan:
+            size = math.prod(a_shape)
+            a = (uniform[offset:offset + size].reshape(a_shape) * bound).astype(dtype)
+            offset += size
+            _set(lora, names, {A_NAME: a, B_NAME: jnp.zeros(b_shape, dtype)})
         return lora
 
     def delta(self, path: Sequence[str], a: Float[Array, "..."], b: Float[Array, "..."]) -> Float[Array, "..."]:

@@ -67,7 +67,9 @@ def gather_rows(
 
     ``inverse_index[j]`` must list every flat position ``i`` of ``index`` with ``index[i] == j``, padded with
     ``index.size`` (out of range). The backward pass then is the gather ``d_source[j] = sum_m d_out[inverse[j, m]]``
-    instead of XLA's serial scatter-add, which dominates the backward pass of MoE dispatch on CPU.
+    instead of a scatter-add: deterministic, fixed summation order on every backend (no atomics). On XLA:CPU in
+    jax 0.10.2 it measured the same speed as ``jnp.take``'s scatter-add backward at the benchmark size.
+    Forward-mode differentiation (jvp) is not supported (custom_vjp).
     """
     return jnp.take(source, index, axis=0, mode="fill", fill_value=0)
 
@@ -109,9 +111,9 @@ _GELU_A = 0.044715
 def gated_gelu(gate: Float[Array, "..."], up: Float[Array, "..."]) -> Float[Array, "..."]:
     """``gelu_tanh(gate) * up`` (``jax.nn.gelu(approximate=True)``) with a hand-written backward pass.
 
-    Autodiff of the composite keeps tanh and several products alive for the backward pass and spends three
-    memory passes over the (tokens, hidden) activations in the forward; this version saves only the inputs and
-    recomputes tanh in one fused backward pass. Values and gradients are those of the composite.
+    The backward pass is written out (save the inputs, recompute tanh) instead of autodiff of the composite; it
+    measured ~5% faster forward+backward for a dense FFN on XLA:CPU. Values and gradients are those of the
+    composite (up to float rounding).
     """
     return jax.nn.gelu(gate, approximate=True) * up
 
@@ -150,13 +152,17 @@ def _expert_ffn(
         up = jnp.einsum("ecd,ehd->ech", x, gating[:, 1], preferred_element_type=jnp.float32)
         hidden = gated_gelu(gate, up).astype(dtype)
         return jnp.einsum("ech,ehd->ecd", hidden, linear, preferred_element_type=jnp.float32)
+    # jnp.split (not x[e]) so that the backward pass assembles each gradient with one concatenate instead of a
+    # chain of pad+add over the full tensor per expert.
     outputs = []
-    for e in range(num_experts):
+    for x_e, gating_e, linear_e in zip(
+        jnp.split(x, num_experts), jnp.split(gating, num_experts), jnp.split(linear, num_experts)
+    ):
         gate_up = jnp.einsum(
-            "cd,fd->cf", x[e], gating[e].reshape(2 * hidden_dim, model_dim), preferred_element_type=jnp.float32
+            "cd,fd->cf", x_e[0], gating_e.reshape(2 * hidden_dim, model_dim), preferred_element_type=jnp.float32
         )
         hidden = gated_gelu(gate_up[:, :hidden_dim], gate_up[:, hidden_dim:]).astype(dtype)
-        outputs.append(jnp.einsum("ch,hd->cd", hidden, linear[e], preferred_element_type=jnp.float32))
+        outputs.append(jnp.einsum("ch,hd->cd", hidden, linear_e[0], preferred_element_type=jnp.float32))
     return jnp.stack(outputs)
 
 
@@ -192,7 +198,8 @@ def _check_dispatch_inputs(x, expert_ids, weights, gating, linear, per_expert_sc
 
 # ----------------------------------------------------------------------------------------------------------------
 # Dispatches. Each maps (x, expert_ids, weights, expert params, dtype) -> (y, number of dropped assignments).
-# An expert id equal to E means "no expert" (a padded token): it contributes zero and is never counted as dropped.
+# Expert ids must lie in [0, E]; the id E means "no expert" (a padded token): it contributes zero and is never
+# counted as dropped. y has x's dtype; the experts run in `dtype` with float32 accumulation.
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -222,8 +229,9 @@ class DenseDispatch:
 
 @dataclasses.dataclass(frozen=True)
 class SortedDispatch:
-    """Sort assignments by expert, fill an (E, C, D) capacity buffer with gathers, run one batched einsum per
-    projection, gather back and combine. Assignments beyond capacity are dropped (contribute 0) and counted.
+    """Sort assignments by expert, fill an (E, C, D) capacity buffer with gathers, run the experts on the buffer
+    (one matmul per projection and expert), gather back and combine. Assignments beyond capacity are dropped
+    (contribute 0) and counted. Work is ``capacity_factor`` x that of a dense FFN with the active parameters.
 
     Assignment order is choice-major (all first choices, then all second choices, ...), token order within a
     choice; the sort is stable, so that order is the priority for capacity. Both directions of the data movement
@@ -382,6 +390,9 @@ class MoEFeedForward(nn.Module):
     ``moe_load_balance_loss`` and ``moe_router_z_loss`` (already multiplied by their weights, which default to 0:
     the reference has no auxiliary losses) and ``moe_dropped_fraction`` (dropped / real token-assignments; always 0
     for the dropless "dense" and "ragged" dispatches).
+
+    Inits: ``router_logits`` normal(0.02) (near-uniform routing at start), ``router_scale`` and
+    ``per_expert_scale`` ones, ``gating_einsum`` and ``linear`` fan-in scaled truncated normal (fan-in D and H).
     """
 
     num_experts: int
@@ -439,23 +450,24 @@ class MoEFeedForward(nn.Module):
             router_input.reshape(num_tokens, model_dim), router_logits, router_scale, self.top_k, self.norm_eps
         )
         if token_mask is None:
-            real = jnp.ones((num_tokens,), jnp.float32)
+            real = jnp.ones((num_tokens,), bool)
         else:
-            mask = token_mask.reshape(num_tokens)
-            real = mask.astype(jnp.float32)
-            expert_ids = jnp.where(mask[:, None], expert_ids, num_experts)  # id E = "no expert"
-            weights = jnp.where(mask[:, None], weights, 0.0)
+            real = token_mask.reshape(num_tokens)
+            expert_ids = jnp.where(real[:, None], expert_ids, num_experts)  # id E = "no expert"
+            weights = jnp.where(real[:, None], weights, 0.0)
 
         y, dropped = dispatch(
             x.reshape(num_tokens, model_dim), expert_ids, weights, gating, linear, per_expert_scale, self.dtype
         )
 
-        num_real = jnp.maximum(jnp.sum(real), 1.0)
+        # Statistics over real tokens only (jnp.where, so that non-finite pad activations cannot leak in).
+        num_real = jnp.maximum(jnp.sum(real.astype(jnp.float32)), 1.0)
         assignments = jax.nn.one_hot(expert_ids, num_experts, dtype=jnp.float32).sum(axis=1)  # (T, E), pads 0
-        fraction_routed = jnp.sum(assignments, axis=0) / (num_real * self.top_k)
-        mean_prob = jnp.sum(probs * real[:, None], axis=0) / num_real
-        load_balance = num_experts * jnp.sum(jax.lax.stop_gradient(fraction_routed) * mean_prob)
-        z_loss = jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)) * real) / num_real
+        fraction_routed = jnp.sum(assignments, axis=0) / (num_real * self.top_k)  # f_e (no gradient: counts)
+        mean_prob = jnp.sum(jnp.where(real[:, None], probs, 0.0), axis=0) / num_real  # P_e
+        load_balance = num_experts * jnp.sum(fraction_routed * mean_prob)
+        log_partition = jnp.where(real, jax.nn.logsumexp(logits, axis=-1), 0.0)
+        z_loss = jnp.sum(jnp.square(log_partition)) / num_real
         aux = {
             "moe_load_balance_loss": self.load_balance_weight * load_balance,
             "moe_router_z_loss": self.router_z_weight * z_loss,

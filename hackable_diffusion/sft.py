@@ -25,8 +25,10 @@ Pieces, each usable alone:
 Deliberate choices (differences from the reference):
 - LoRA state: `{"base", "lora"}` params with the base frozen by the optimizer mask; checkpoints therefore hold the
   base too (the reference checkpoints both as well, through Kauldron's state). `lora.rank = 0` is full fine-tuning.
-- The model shape comes from the source run's `config.json` when there is one (a mismatched shape would not load);
-  the diffusion process and objective come from this config.
+- The model shape comes from the source run's `config.json` when there is one (a mismatched shape would not load),
+  and so does the diffusion recipe (`INHERITED_DIFFUSION`: process, schedule, loss, time sampler, encoder AR weight,
+  self-conditioning; `init.inherit_diffusion=False` keeps this config's): fine-tuning a masking model with uniform
+  noise, or the reverse, would train a different model. The objective is always the canvas SFT one.
 - Demo data: non-overlapping windows of lines; windows whose prompt is blank are skipped; prompts longer than
   `prompt_len - 1` keep their end (`truncate_prompt=True`).
 """
@@ -60,6 +62,10 @@ from hackable_diffusion.models.config import TransformerConfig
 PyTree = Any
 INIT_KINDS = ("toolbox", "params", "gemma", "scratch")
 FUSED_DIR, LORA_DIR, GEMMA_DIR = "fused_params", "lora_params", "gemma_params"
+#: diffusion fields taken from the source run's config.json (init.inherit_diffusion): fine-tune with the process and
+#: loss recipe the model was trained with; `objective` and `canvas_len` stay this config's.
+INHERITED_DIFFUSION = ("process", "schedule", "schedule_eps", "excluded_ids", "loss", "time_sampler", "t_min", "t_max",
+                       "encoder_ar_weight", "self_condition_prob", "null_signal")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -77,6 +83,7 @@ def sft_config(*, model: dict[str, Any] | None = None, init_kind: str = "toolbox
         kind=init_kind,  # "toolbox" | "params" | "gemma" | "scratch"
         checkpoint=checkpoint,  # toolbox workdir (or its checkpoints/) | params dir (fused_params) | gemma orbax dir
         use_ema=True,  # toolbox: take ema_params when the run kept an EMA
+        inherit_diffusion=True,  # toolbox/params: take the noise process and loss recipe of the source run
         tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus
     ))
     c.lora = ml_collections.ConfigDict(dict(
@@ -176,6 +183,7 @@ class Base:
     tokenizer: Tokenizer
     params: PyTree
     source: str
+    source_config: ml_collections.ConfigDict | None = None  # the source run's config.json, if any
 
 
 def load_base(config: ml_collections.ConfigDict) -> Base:
@@ -192,9 +200,10 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
         tokenizer_dir = run_dir / "tokenizer"
         tokenizer = (tok_lib.load_tokenizer(tokenizer_dir) if (tokenizer_dir / tok_lib.CONFIG_FILE).is_file()
                      else _corpus_tokenizer(config))
-        shape = config.model.to_dict()
+        shape, source_config = config.model.to_dict(), None
         if (run_dir / "config.json").is_file():
-            shape = cli.load_saved_config(str(run_dir)).model.to_dict()
+            source_config = cli.load_saved_config(str(run_dir))
+            shape = source_config.model.to_dict()
         cfg = _model_config(shape, tokenizer.vocab_size)
         if init.kind == "params":
             params, where = load_params(source), f"params:{source}"
@@ -202,7 +211,7 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
             params, step = load_toolbox_params(source, use_ema=init.use_ema)
             where = f"toolbox:{source}@{step}"
         gemma_convert.check_toolbox_params(params, cfg, f"The params of {where}")
-        return Base(T.Transformer(cfg), tokenizer, params, where)
+        return Base(T.Transformer(cfg), tokenizer, params, where, source_config)
     tokenizer = _corpus_tokenizer(config)
     # A gemma tree fixes the vocabulary (config.model.vocab_size); a scratch model takes the tokenizer's.
     vocab = (config.model.get("vocab_size") or tokenizer.vocab_size) if init.kind == "gemma" else tokenizer.vocab_size
@@ -346,11 +355,19 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
     base = load_base(config)
     model, tokenizer = base.model, base.tokenizer
     cfg = model.cfg
-    saved = config.copy_and_resolve_references()
-    with saved.unlocked():
-        saved.model = ml_collections.ConfigDict(dataclasses.asdict(cfg))
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.model = ml_collections.ConfigDict(dataclasses.asdict(cfg))
+        source_diffusion = base.source_config.get("diffusion") if base.source_config is not None else None
+        if config.init.get("inherit_diffusion", True) and source_diffusion is not None:
+            inherited = {k: tuple(v) if isinstance(v, list) else v for k, v in source_diffusion.items()
+                         if k in INHERITED_DIFFUSION}
+            config.diffusion.update(inherited)
+            if jax.process_index() == 0 and inherited:
+                print("Diffusion recipe of the source run: " + ", ".join(f"{k}={v}" for k, v in inherited.items()),
+                      flush=True)
     if jax.process_index() == 0:
-        cli.save_config(saved, path / "config.json")
+        cli.save_config(config, path / "config.json")
         if not (path / "tokenizer" / tok_lib.CONFIG_FILE).is_file():
             tokenizer.save(path / "tokenizer", metadata={"source": base.source})
 

@@ -255,7 +255,9 @@ def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
     params = _random_params(cfg, 9)
     pre = tmp_path / "pretrain"
     tokenizer.save(pre / "tokenizer")
-    cli.save_config(ml_collections.ConfigDict({"model": shape}), pre / "config.json")
+    source_diffusion = {"process": "uniform", "excluded_ids": (0, 1, 2, 3), "self_condition_prob": 0.0,
+                        "objective": "pretrain", "canvas_len": 32}
+    cli.save_config(ml_collections.ConfigDict({"model": shape, "diffusion": source_diffusion}), pre / "config.json")
     saver = checkpointing.Checkpointer(str(pre / "checkpoints"), async_save=False)
     saver.save(7, TrainState.create(params, optax.sgd(0.1), jax.random.key(0)))
     saver.close()
@@ -265,7 +267,6 @@ def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
     config.sft.update(max_examples=32, eval_examples=2, num_devices=1)
     config.train.update(log_every=1, eval_every=0, checkpoint_every=2, fast_compile=True)
     config.optimizer.warmup_steps = 1
-    config.diffusion.self_condition_prob = 0.0
     config.mesh.data = 1
     config.output.save_gemma = True
     work = tmp_path / "sft"
@@ -287,6 +288,9 @@ def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
         assert _bits_equal(gc.flatten_tree(gemma)[path], leaf), path
     saved = json.loads((work / "config.json").read_text())
     assert saved["model"]["vocab_size"] == tokenizer.vocab_size and (work / "tokenizer" / "tokenizer.json").is_file()
+    # The source run's diffusion recipe is inherited (self_condition_prob), the SFT objective and canvas kept.
+    assert saved["diffusion"]["self_condition_prob"] == 0.0 and saved["diffusion"]["objective"] == "sft"
+    assert saved["diffusion"]["canvas_len"] == 8
 
     again = sft.run_sft(config, str(work))  # resumes at the last step: nothing to train, same adapters
     for a, b in zip(jax.tree.leaves(lora), jax.tree.leaves(again.state.params["lora"])):

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from hackable_diffusion.models.config import TransformerConfig, resolve_dtype
-from hackable_diffusion.models.layers import RMSNorm, apply_rope, einsum, rms_normalize
+from hackable_diffusion.models.layers import RMSNorm, apply_rope, rms_normalize, token_einsum
 
 NEG_INF = -1e30
 
@@ -113,15 +113,15 @@ class Attention(nn.Module):
     init = nn.initializers.normal(stddev=d**-0.5)
 
     w_q = self.param("q_einsum", init, (cfg.num_heads, d, head_dim), pdtype)
-    q = einsum("bld,ndh->blnh", x, w_q, dtype)
+    q = token_einsum("td,ndh->tnh", x, w_q, dtype)
     if is_global and cfg.k_eq_v_global:
       w_k = self.param("k_einsum", init, (kv_heads, d, head_dim), pdtype)
-      k = einsum("bld,kdh->blkh", x, w_k, dtype)
+      k = token_einsum("td,kdh->tkh", x, w_k, dtype)
       v = k
     else:
       w_kv = self.param("kv_einsum", init, (2, kv_heads, d, head_dim), pdtype)
-      kv = einsum("bld,ckdh->cblkh", x, w_kv, dtype)
-      k, v = kv[0], kv[1]
+      kv = token_einsum("td,ckdh->tckh", x, w_kv, dtype)
+      k, v = kv[:, :, 0], kv[:, :, 1]
 
     if cfg.qk_norm:
       q = RMSNorm(eps=cfg.norm_eps, param_dtype=pdtype, name="query_norm")(q)
@@ -170,4 +170,4 @@ class Attention(nn.Module):
     out = out.astype(dtype).reshape(b, l, cfg.num_heads, head_dim)
     w_o = self.param("attn_vec_einsum", nn.initializers.normal(stddev=(cfg.num_heads * head_dim)**-0.5),
                      (cfg.num_heads, head_dim, d), pdtype)
-    return einsum("blnh,nhd->bld", out, w_o, dtype), new_cache
+    return token_einsum("tnh,nhd->td", out, w_o, dtype), new_cache

@@ -2,7 +2,8 @@
 
 The training code maps logical names to mesh axes with a rule table (`training/sharding.py`), the same idea as
 flax's logical partitioning and MaxText's rules, but keyed on the gemma-style parameter names so that converted
-Gemma-4 trees and LoRA adapters are placed by the same table. Parameters under the scanned `layers` collection
+Gemma-4 trees are placed by the same table (LoRA factors derive theirs from the weight they adapt:
+`models/lora.py: logical_axes`). Parameters under the scanned `layers` collection
 carry a leading `layers` axis (the pattern repeats), which is never sharded.
 """
 
@@ -26,8 +27,6 @@ _RULES: dict[tuple[str, ...], tuple[str | None, ...]] = {
     ("linear",): ("mlp", "embed"),
     ("scale",): (None,),  # every RMSNorm
     ("skip_scale",): (None,),
-    ("lora_a",): (None, None),
-    ("lora_b",): (None, None),
 }
 
 

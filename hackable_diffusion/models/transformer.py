@@ -26,6 +26,7 @@ Batched prompts of different lengths: padded tokens are never attended (`valid`)
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -229,6 +230,7 @@ def positions_from_mask(token_mask: Bool[Array, "b l"], offset: Int[Array, "b"] 
 # Run modes: pure functions of (model, params, ...).
 
 
+@functools.partial(jax.jit, static_argnames=("model", "causal"))
 def forward(model: Transformer, params, tokens: Int[Array, "b l"], *, token_mask: Bool[Array, "b l"] | None = None,
             causal: bool = True, mask: Bool[Array, "b l l"] | None = None,
             input_embeddings: Float[Array, "b l d"] | None = None, sc_signal: Float[Array, "b l d"] | None = None,
@@ -245,6 +247,7 @@ def forward(model: Transformer, params, tokens: Int[Array, "b l"], *, token_mask
   return logits, aux
 
 
+@functools.partial(jax.jit, static_argnames=("model",))
 def append(model: Transformer, params, tokens: Int[Array, "b l"], cache: KVCache, *,
            token_mask: Bool[Array, "b l"] | None = None) -> tuple[Float[Array, "b l v"], KVCache]:
   """Causally encodes a block into the cache (prefill, canvas commit, or one-token decode with l=1).
@@ -263,6 +266,7 @@ def append(model: Transformer, params, tokens: Int[Array, "b l"], cache: KVCache
 prefill = append
 
 
+@functools.partial(jax.jit, static_argnames=("model", "return_hidden"))
 def decode_block(model: Transformer, params, tokens: Int[Array, "b l"], cache: KVCache, *,
                  token_mask: Bool[Array, "b l"] | None = None,
                  input_embeddings: Float[Array, "b l d"] | None = None,
@@ -284,6 +288,7 @@ def decode_block(model: Transformer, params, tokens: Int[Array, "b l"], cache: K
   return logits, aux
 
 
+@functools.partial(jax.jit, static_argnames=("model", "batch_size", "seq_len"))
 def init_params(model: Transformer, rng: jax.Array, batch_size: int = 1, seq_len: int = 8) -> Any:
   """Initialises parameters with a dummy pass (through the self-conditioner too when the model has one)."""
   tokens = jnp.zeros((batch_size, seq_len), jnp.int32)
@@ -297,3 +302,7 @@ def init_params(model: Transformer, rng: jax.Array, batch_size: int = 1, seq_len
 def model_method(model: Transformer, params, method: str, *args, **kwargs):
   """Calls a helper method of the model (`sc_signal`, `null_sc_signal`, `embed`, ...) with `params`."""
   return model.apply({"params": params}, *args, method=getattr(Transformer, method), **kwargs)
+
+
+# The run modes are jitted with the model as a static argument (a frozen, hashable dataclass): called eagerly, a
+# linen scan would be traced and compiled again on every call; jitted, each (model, shapes) compiles once.

@@ -4,7 +4,7 @@ Follows the JAX AOT recipe (`jax.jit(f, in_shardings, out_shardings).lower(*abst
 `jax.ShapeDtypeStruct`s carrying `NamedSharding`s) and an fsdp x expert layout in the style of MaxText / GShard
 expert parallelism: every parameter is placed by the logical-axis rules of `training/sharding.py` (expert weights
 over the `expert` mesh axis -- asserted -- and over `fsdp` in their embed dimension). Nothing is allocated: the
-parameters, optimizer state, batches and KV caches are abstract, so the 26B model compiles in about 1 GiB of RSS.
+parameters, optimizer state, batches and KV caches are abstract, so the 26B model compiles in under 2 GB of RSS.
 
 Programs (each printed as ONE JSON line, after a `params` line):
   train_adamw, train_adafactor  the full train step of `train_state.make_train_step` (loss, grads, global-norm clip,
@@ -21,8 +21,9 @@ analytic per-device bytes of parameters / optimizer state / cache from the shard
 match the compiled argument size. The summary line converts them into 80 GB GPUs under stated assumptions.
 
 Deliberate choices and caveats (each JSON line says which were used):
-  * Params are bf16 (the preset's param_dtype) with NO f32 master copy; AdamW's moments are bf16 too (optax keeps the
-    parameter dtype); Adafactor's factored moments are f32 and replicated (they are small).
+  * Params are bf16 (the preset's param_dtype) with NO f32 master copy; the optimizer state follows the parameter
+    dtype (optax's default): AdamW's mu/nu are bf16 and sharded like the params, Adafactor's factored row/column
+    moments are bf16 and replicated (about 90 MB).
     `--param_dtype float32` compiles the f32-master-weight variant.
   * MoE dispatch: the preset's "ragged" (dropless `jax.lax.ragged_dot`, the GPU path) by default. XLA:CPU lowers
     ragged_dot to a masked dense dot over every local expert, so CPU temporaries of "ragged" overstate a GPU's
@@ -32,7 +33,7 @@ Deliberate choices and caveats (each JSON line says which were used):
     +15 GiB per device for canvas_denoise), an artifact of XLA:CPU's bf16 dot handling that the GPU does not have.
   * Layout: the toolbox's batch sharding is over (data, fsdp); the model has no activation sharding constraints, and
     GSPMD then gives the residual stream the embedding table's layout (embed dim over fsdp, batch replicated on every
-    device). `--layout toolbox` compiles exactly that; `--layout constrained` (default) adds one
+    device). `--layout toolbox --batch_axes data,fsdp` compiles exactly that; `--layout constrained` (default) adds one
     `with_sharding_constraint` on the token embeddings (batch over `--batch_axes`), which the layers then follow.
   * Layers are `nn.scan`ned over repeats of the 6-layer pattern, so the HLO holds ONE layer group whatever the depth;
     depth only changes the leading `layers` axis of the stacked weights, the caches and the saved residuals, and
@@ -41,15 +42,31 @@ Deliberate choices and caveats (each JSON line says which were used):
 
 Usage: python experiments/aot_26b.py [--dispatch ragged|sorted|dense] [--num_layers 30] [--batch 8 --seq 4096]
        [--layout constrained|toolbox] [--batch_axes data,fsdp,expert] [--programs train_adamw,...] [--markdown]
+       [--num_devices 16 --mesh data=1,fsdp=4,expert=4,tensor=1]
+Results and the GPU counts: experiments/README_aot.md.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-_FLAG = "--xla_force_host_platform_device_count=8"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+def _requested_devices(argv: list[str]) -> int:
+    """`--num_devices N` from the command line (read before jax starts; the flag fixes the CPU device count)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--num_devices="):
+            return int(arg.split("=", 1)[1])
+        if arg == "--num_devices" and i + 1 < len(argv):
+            return int(argv[i + 1])
+    return 8
+
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    _count = _requested_devices(sys.argv) if __name__ == "__main__" else 8
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={_count}"
+    ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
@@ -203,7 +220,10 @@ def cache_shardings(mesh: Mesh, cache: attention.KVCache, batch_axes: Sequence[s
 def sharded_params(
     model: transformer.Transformer, mesh: Mesh, rules: sharding.Rules = sharding.DEFAULT_RULES
 ) -> tuple[PyTree, PyTree]:
-    """(abstract params carrying NamedShardings, the shardings); fails if an expert weight is replicated over `expert`."""
+    """(abstract params carrying NamedShardings, their shardings).
+
+    Raises AssertionError naming every expert weight that is replicated across the `expert` mesh axis.
+    """
     abstract = jax.eval_shape(lambda: transformer.init_params(model, jax.random.key(0)))
     shardings = sharding.param_shardings(abstract, partitioning.logical_axes, mesh, rules)
     offending = sharding.replicated_expert_params(abstract, shardings, partitioning.logical_axes)
@@ -334,7 +354,9 @@ def train_program(settings: AotSettings, mesh: Mesh, optimizer_name: str) -> tup
         tokens_per_device=math.prod(batch_sharding.shard_shape((b, l))),
         param_dtype=cfg.param_dtype,
         compute_dtype=cfg.compute_dtype,
-        master_weights="f32 params" if cfg.param_dtype == "float32" else f"none ({cfg.param_dtype} params, no f32 copy)",
+        master_weights=(
+            "f32 params" if cfg.param_dtype == "float32" else f"none ({cfg.param_dtype} params, no f32 copy)"
+        ),
         opt_state_dtypes=sorted({jnp.dtype(x.dtype).name for x in jax.tree.leaves(state.opt_state)}),
         params_bytes_per_device=per_device_bytes(state.params),
         opt_state_bytes_per_device=per_device_bytes(state.opt_state),
@@ -386,7 +408,8 @@ def canvas_denoise_program(settings: AotSettings, mesh: Mesh) -> tuple[dict[str,
     extra["self_conditioning_input"] = cfg.self_conditioning
     if cfg.self_conditioning:
         sc_shape = (*shape, cfg.embed_dim)
-        sc = jax.ShapeDtypeStruct(sc_shape, jnp.dtype(cfg.compute_dtype), sharding=leading_axis_sharding(mesh, sc_shape, axes))
+        sc_sharding = leading_axis_sharding(mesh, sc_shape, axes)
+        sc = jax.ShapeDtypeStruct(sc_shape, jnp.dtype(cfg.compute_dtype), sharding=sc_sharding)
 
         def denoise_sc(p, t, c, s):
             return transformer.decode_block(model, p, t, c, sc_signal=s)[0]
@@ -469,7 +492,7 @@ def gpus_needed(report: dict[str, Any], num_devices: int, gpu_bytes: float = GPU
         "state_gib_per_device": _gib(state_here),
         "non_state_gib_per_device": _gib(rest),
         "temp_gib_per_device": _gib(mem["temp_size_in_bytes"]),
-        "total_gib_8_devices": _gib(live * num_devices),
+        "total_gib_all_devices": _gib(live * num_devices),
         "gpus_80gb_pooled": pooled,
         "gpus_80gb_same_per_device_batch": same_batch,
         "compile_s": report["compile_s"],
@@ -529,8 +552,9 @@ def run(settings: AotSettings, emit: Callable[[dict[str, Any]], None] = lambda r
         program="summary",
         gpu_bytes=GPU_BYTES,
         assumptions=(
-            "gpus_80gb_pooled = ceil(8 * live_bytes_per_device / 80e9): the 8 devices' bytes pooled, as if state, "
-            "temporaries and outputs all sharded perfectly. gpus_80gb_same_per_device_batch: the smallest power of two n with sharded state / n + "
+            "gpus_80gb_pooled = ceil(num_devices * live_bytes_per_device / 80e9): the devices' bytes pooled, as if "
+            "state, temporaries and outputs all sharded perfectly. gpus_80gb_same_per_device_batch: the smallest "
+            "power of two n with sharded state / n + "
             "replicated state + the measured non-state per-device bytes (temporaries, batch, logits) <= 80e9, i.e. "
             "fsdp grows, the per-device batch stays and the global batch grows with n. Temporaries are XLA:CPU's "
             "buffer assignment (see the module docstring for the CPU-only artifacts)."
@@ -549,7 +573,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="Parameter dtype (default the preset's bfloat16; float32 = f32 master weights).")
     p.add_argument("--no_self_conditioning", action="store_true",
                    help="Drop DiffusionGemma's self-conditioner (the model is then plain Gemma-4 26B-A4B).")
-    p.add_argument("--mesh", default="data=1,fsdp=2,expert=4,tensor=1", help="Mesh axis sizes (8 devices).")
+    p.add_argument("--num_devices", type=int, default=8,
+                   help="Simulated CPU devices (set before jax starts); the mesh must use all of them.")
+    p.add_argument("--mesh", default="data=1,fsdp=2,expert=4,tensor=1", help="Mesh axis sizes.")
     p.add_argument("--layout", default="constrained", choices=LAYOUTS)
     p.add_argument("--batch_axes", default="data,fsdp,expert",
                    help="Mesh axes of the batch dimension (the toolbox's batch_sharding uses data,fsdp).")
@@ -594,6 +620,11 @@ def settings_from_args(args: argparse.Namespace) -> AotSettings:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if jax.device_count() != args.num_devices:
+        raise ValueError(
+            f"jax sees {jax.device_count()} devices but --num_devices={args.num_devices}; XLA_FLAGS already fixed the "
+            "count (unset xla_force_host_platform_device_count there or pass the matching --num_devices)."
+        )
     settings = settings_from_args(args)
     t0 = time.perf_counter()
     summary = run(settings, emit=lambda r: print(json.dumps(r), flush=True))

@@ -9,5 +9,13 @@ from hackable_diffusion import sft
 
 
 def get_config():
-  return sft.sft_config(init_kind="toolbox", checkpoint="runs/quickstart", lora_rank=0, steps=300, batch_size=8,
-                        prompt_len=64, num_canvases=2, canvas_len=32)
+    return sft.sft_config(
+        init_kind="toolbox",
+        checkpoint="runs/quickstart",
+        lora_rank=0,
+        steps=300,
+        batch_size=8,
+        prompt_len=64,
+        num_canvases=2,
+        canvas_len=32,
+    )

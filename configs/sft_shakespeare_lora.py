@@ -14,7 +14,16 @@ from hackable_diffusion import sft
 
 
 def get_config():
-  c = sft.sft_config(init_kind="toolbox", checkpoint="runs/quickstart", lora_rank=8, lora_alpha=16.0, steps=300,
-                     batch_size=8, prompt_len=64, num_canvases=2, canvas_len=32)
-  c.lora.include_experts = False  # True also adapts every MoE expert (the reference never does)
-  return c
+    c = sft.sft_config(
+        init_kind="toolbox",
+        checkpoint="runs/quickstart",
+        lora_rank=8,
+        lora_alpha=16.0,
+        steps=300,
+        batch_size=8,
+        prompt_len=64,
+        num_canvases=2,
+        canvas_len=32,
+    )
+    c.lora.include_experts = False  # True also adapts every MoE expert (the reference never does)
+    return c

@@ -193,9 +193,7 @@ def split_bytes(tree: PyTree) -> tuple[int, int]:
     return sharded, replicated
 
 
-def leading_axis_sharding(
-    mesh: Mesh, shape: Sequence[int], batch_axes: Sequence[str], axis: int = 0
-) -> NamedSharding:
+def leading_axis_sharding(mesh: Mesh, shape: Sequence[int], batch_axes: Sequence[str], axis: int = 0) -> NamedSharding:
     """Dimension `axis` over `batch_axes` if their sizes divide it, otherwise replicated."""
     spec: list[Any] = [None] * len(shape)
     if shape[axis] % math.prod(mesh.shape[a] for a in batch_axes) == 0:
@@ -273,8 +271,14 @@ def compile_program(
     in_shardings = jax.tree.map(lambda a: a.sharding, tuple(args))
     # keep_unused: the whole parameter tree is resident even where a program does not read every leaf (the
     # self-conditioner in append/decode), so it belongs in the argument size.
-    jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums,
-                     keep_unused=True, compiler_options=compiler_options)
+    jitted = jax.jit(
+        fn,
+        in_shardings=in_shardings,
+        out_shardings=out_shardings,
+        donate_argnums=donate_argnums,
+        keep_unused=True,
+        compiler_options=compiler_options,
+    )
     t0 = time.perf_counter()
     lowered = jitted.lower(*args)
     t1 = time.perf_counter()
@@ -285,7 +289,9 @@ def compile_program(
         raise RuntimeError(f"{name}: this backend returned no memory analysis.")
     memory = {f: int(getattr(stats, f)) for f in MEMORY_FIELDS}
     memory["live_bytes_per_device"] = (
-        memory["argument_size_in_bytes"] + memory["output_size_in_bytes"] - memory["alias_size_in_bytes"]
+        memory["argument_size_in_bytes"]
+        + memory["output_size_in_bytes"]
+        - memory["alias_size_in_bytes"]
         + memory["temp_size_in_bytes"]
     )
     analytic = per_device_bytes(args)
@@ -314,8 +320,10 @@ def _loss_fn(objective: str, model: transformer.Transformer, canvas: int) -> tup
     loss = objectives.DiffusionPretrainObjective(
         model, process, canvas_len=canvas, loss="canvas_ce", encoder_ar_weight=1.0, self_condition_prob=sc_prob
     )
-    return loss, (f"DiffusionPretrainObjective (block diffusion, canvas {canvas}, masking, canvas CE + encoder AR, "
-                  f"self_condition_prob {sc_prob})")
+    return loss, (
+        f"DiffusionPretrainObjective (block diffusion, canvas {canvas}, masking, canvas CE + encoder AR, "
+        f"self_condition_prob {sc_prob})"
+    )
 
 
 def _layout_fields(settings: AotSettings) -> dict[str, Any]:
@@ -331,8 +339,15 @@ def train_program(settings: AotSettings, mesh: Mesh, optimizer_name: str) -> tup
     model = make_model(cfg, settings, mesh)
     params, p_shardings = sharded_params(model, mesh)
     opt_cfg = ml_collections.ConfigDict(
-        dict(name=optimizer_name, peak_lr=1e-4, end_lr=1e-5, warmup_steps=100, total_steps=10_000,
-             weight_decay=0.1, clip_norm=1.0)
+        dict(
+            name=optimizer_name,
+            peak_lr=1e-4,
+            end_lr=1e-5,
+            warmup_steps=100,
+            total_steps=10_000,
+            weight_decay=0.1,
+            clip_norm=1.0,
+        )
     )
     optimizer = optimizers.make_optimizer(opt_cfg)
     abstract_state = jax.eval_shape(lambda p: train_state.TrainState.create(p, optimizer, jax.random.key(0)), params)
@@ -366,8 +381,13 @@ def train_program(settings: AotSettings, mesh: Mesh, optimizer_name: str) -> tup
     )
     replicated = NamedSharding(mesh, PartitionSpec())
     return compile_program(
-        f"train_{optimizer_name}", step, (state, batch), out_shardings=(s_shardings, replicated),
-        donate_argnums=(0,), extra=extra, compiler_options=settings.compiler_options,
+        f"train_{optimizer_name}",
+        step,
+        (state, batch),
+        out_shardings=(s_shardings, replicated),
+        donate_argnums=(0,),
+        extra=extra,
+        compiler_options=settings.compiler_options,
     )
 
 
@@ -421,8 +441,14 @@ def canvas_denoise_program(settings: AotSettings, mesh: Mesh) -> tuple[dict[str,
             return transformer.decode_block(model, p, t, c)[0]
 
         fn, args = denoise, (params, tokens, cache)
-    return compile_program("canvas_denoise", fn, args, out_shardings=logits_sharding, extra=extra,
-                           compiler_options=settings.compiler_options)
+    return compile_program(
+        "canvas_denoise",
+        fn,
+        args,
+        out_shardings=logits_sharding,
+        extra=extra,
+        compiler_options=settings.compiler_options,
+    )
 
 
 def append_program(settings: AotSettings, mesh: Mesh, length: int) -> tuple[dict[str, Any], Any]:
@@ -438,8 +464,13 @@ def append_program(settings: AotSettings, mesh: Mesh, length: int) -> tuple[dict
 
     name = "decode_1" if length == 1 else f"append_{length}"
     return compile_program(
-        name, append, (params, tokens, cache), out_shardings=(logits_sharding, cache_out), donate_argnums=(2,),
-        extra=_inference_extra(settings, cfg, params, cache, shape), compiler_options=settings.compiler_options,
+        name,
+        append,
+        (params, tokens, cache),
+        out_shardings=(logits_sharding, cache_out),
+        donate_argnums=(2,),
+        extra=_inference_extra(settings, cfg, params, cache, shape),
+        compiler_options=settings.compiler_options,
     )
 
 
@@ -473,8 +504,11 @@ def gpus_needed(report: dict[str, Any], num_devices: int, gpu_bytes: float = GPU
     mem = report["memory_per_device"]
     live = mem["live_bytes_per_device"]
     pooled = max(1, math.ceil(live * num_devices / gpu_bytes))
-    state_here = (report["params_bytes_per_device"] + report.get("opt_state_bytes_per_device", 0)
-                  + report.get("cache_bytes_per_device", 0))
+    state_here = (
+        report["params_bytes_per_device"]
+        + report.get("opt_state_bytes_per_device", 0)
+        + report.get("cache_bytes_per_device", 0)
+    )
     rest = live - state_here
     room = gpu_bytes - report["state_replicated_bytes"] - rest
     if room <= 0:
@@ -504,8 +538,17 @@ def _gib(x: float) -> float:
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    keys = ("program", "batch", "tokens_per_device", "state_gib_per_device", "temp_gib_per_device",
-            "live_gib_per_device", "gpus_80gb_pooled", "gpus_80gb_same_per_device_batch", "compile_s")
+    keys = (
+        "program",
+        "batch",
+        "tokens_per_device",
+        "state_gib_per_device",
+        "temp_gib_per_device",
+        "live_gib_per_device",
+        "gpus_80gb_pooled",
+        "gpus_80gb_same_per_device_batch",
+        "compile_s",
+    )
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     for row in summary["programs"]:
         lines.append("| " + " | ".join(str(row[k]) for k in keys) + " |")
@@ -529,17 +572,19 @@ def run(settings: AotSettings, emit: Callable[[dict[str, Any]], None] = lambda r
         "dispatch": cfg.moe.dispatch if cfg.moe else None,
         "backend": jax.default_backend(),
     }
-    emit(dict(
-        common,
-        program="params",
-        total_params=sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
-        params_global_bytes=global_bytes(params),
-        params_bytes_per_device=per_device_bytes(params),
-        depth_model=depth_split(params, cfg.num_groups),
-        self_conditioning=cfg.self_conditioning,
-        expert_param_specs=expert_param_specs(params),
-        replicated_expert_params=[],  # sharded_params raised otherwise
-    ))
+    emit(
+        dict(
+            common,
+            program="params",
+            total_params=sum(math.prod(x.shape) for x in jax.tree.leaves(params)),
+            params_global_bytes=global_bytes(params),
+            params_bytes_per_device=per_device_bytes(params),
+            depth_model=depth_split(params, cfg.num_groups),
+            self_conditioning=cfg.self_conditioning,
+            expert_param_specs=expert_param_specs(params),
+            replicated_expert_params=[],  # sharded_params raised otherwise
+        )
+    )
     builders = build_programs(settings, mesh)
     rows = []
     for name in settings.programs:
@@ -566,19 +611,37 @@ def run(settings: AotSettings, emit: Callable[[dict[str, Any]], None] = lambda r
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dispatch", default=None, choices=["ragged", "sorted", "dense"],
-                   help="MoE dispatch (default: the preset's, 'ragged').")
+    p.add_argument(
+        "--dispatch",
+        default=None,
+        choices=["ragged", "sorted", "dense"],
+        help="MoE dispatch (default: the preset's, 'ragged').",
+    )
     p.add_argument("--num_layers", type=int, default=None, help="Depth (a multiple of 6); default the preset's 30.")
-    p.add_argument("--param_dtype", default=None, choices=["bfloat16", "float32"],
-                   help="Parameter dtype (default the preset's bfloat16; float32 = f32 master weights).")
-    p.add_argument("--no_self_conditioning", action="store_true",
-                   help="Drop DiffusionGemma's self-conditioner (the model is then plain Gemma-4 26B-A4B).")
-    p.add_argument("--num_devices", type=int, default=8,
-                   help="Simulated CPU devices (set before jax starts); the mesh must use all of them.")
+    p.add_argument(
+        "--param_dtype",
+        default=None,
+        choices=["bfloat16", "float32"],
+        help="Parameter dtype (default the preset's bfloat16; float32 = f32 master weights).",
+    )
+    p.add_argument(
+        "--no_self_conditioning",
+        action="store_true",
+        help="Drop DiffusionGemma's self-conditioner (the model is then plain Gemma-4 26B-A4B).",
+    )
+    p.add_argument(
+        "--num_devices",
+        type=int,
+        default=8,
+        help="Simulated CPU devices (set before jax starts); the mesh must use all of them.",
+    )
     p.add_argument("--mesh", default="data=1,fsdp=2,expert=4,tensor=1", help="Mesh axis sizes.")
     p.add_argument("--layout", default="constrained", choices=LAYOUTS)
-    p.add_argument("--batch_axes", default="data,fsdp,expert",
-                   help="Mesh axes of the batch dimension (the toolbox's batch_sharding uses data,fsdp).")
+    p.add_argument(
+        "--batch_axes",
+        default="data,fsdp,expert",
+        help="Mesh axes of the batch dimension (the toolbox's batch_sharding uses data,fsdp).",
+    )
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--decode_batch", type=int, default=1)
@@ -587,8 +650,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--append_len", type=int, default=256)
     p.add_argument("--objective", default="ar", choices=["ar", "block_diffusion"])
     p.add_argument("--remat", default="full", choices=["none", "full", "dots"], help="Training programs only.")
-    p.add_argument("--licm", default="off", choices=["on", "off"],
-                   help="XLA's while-loop-invariant-code-motion pass ('off' avoids the CPU-only f32 weight copies).")
+    p.add_argument(
+        "--licm",
+        default="off",
+        choices=["on", "off"],
+        help="XLA's while-loop-invariant-code-motion pass ('off' avoids the CPU-only f32 weight copies).",
+    )
     p.add_argument("--programs", default=",".join(PROGRAMS))
     p.add_argument("--markdown", action="store_true", help="Also print the summary as a markdown table.")
     return p.parse_args(argv)
@@ -610,9 +677,18 @@ def settings_from_args(args: argparse.Namespace) -> AotSettings:
             raise ValueError(f"--mesh entries look like fsdp=2, got {item!r}.")
         mesh[key.strip()] = int(value)
     return AotSettings(
-        model=model, mesh=mesh, train_batch=args.batch, train_seq=args.seq, decode_batch=args.decode_batch,
-        canvas=args.canvas, cache_len=args.cache_len, append_len=args.append_len, objective=args.objective,
-        remat=args.remat, layout=args.layout, batch_axes=tuple(a for a in args.batch_axes.split(",") if a),
+        model=model,
+        mesh=mesh,
+        train_batch=args.batch,
+        train_seq=args.seq,
+        decode_batch=args.decode_batch,
+        canvas=args.canvas,
+        cache_len=args.cache_len,
+        append_len=args.append_len,
+        objective=args.objective,
+        remat=args.remat,
+        layout=args.layout,
+        batch_axes=tuple(a for a in args.batch_axes.split(",") if a),
         programs=tuple(p for p in args.programs.split(",") if p),
         compiler_options=None if args.licm == "on" else dict(NO_LICM),
     )

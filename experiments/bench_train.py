@@ -31,64 +31,88 @@ from hackable_diffusion.training.train_state import TrainState, make_train_step
 
 
 def main():
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--config", default="small", choices=["small", "small_moe", "quickstart"])
-  parser.add_argument("--objective", default="ar", choices=["ar", "block"])
-  parser.add_argument("--batch", type=int, default=16)
-  parser.add_argument("--seq_len", type=int, default=256)
-  parser.add_argument("--steps", type=int, default=8)
-  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-  args = parser.parse_args()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", default="small", choices=["small", "small_moe", "quickstart"])
+    parser.add_argument("--objective", default="ar", choices=["ar", "block"])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq_len", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = parser.parse_args()
 
-  shape = {"small": presets.small(), "small_moe": presets.small(moe=True), "quickstart": presets.quickstart()}[
-      args.config]
-  shape["compute_dtype"] = args.dtype
-  config = recipes.text_config("shakespeare", "masking" if args.objective == "block" else "none", model=shape)
-  model = exp_lib.build_model(config, shape["vocab_size"])
-  if args.objective == "ar":
-    objective, passes = obj_lib.AutoregressiveObjective(model), 1.0
-  else:
-    process = MaskingProcess(vocab_size=model.cfg.vocab_size, schedule=LinearSchedule(), mask_id=3)
-    objective, passes = obj_lib.DiffusionPretrainObjective(model, process, canvas_len=32), 2.0
+    shape = {"small": presets.small(), "small_moe": presets.small(moe=True), "quickstart": presets.quickstart()}[
+        args.config
+    ]
+    shape["compute_dtype"] = args.dtype
+    config = recipes.text_config("shakespeare", "masking" if args.objective == "block" else "none", model=shape)
+    model = exp_lib.build_model(config, shape["vocab_size"])
+    if args.objective == "ar":
+        objective, passes = obj_lib.AutoregressiveObjective(model), 1.0
+    else:
+        process = MaskingProcess(vocab_size=model.cfg.vocab_size, schedule=LinearSchedule(), mask_id=3)
+        objective, passes = obj_lib.DiffusionPretrainObjective(model, process, canvas_len=32), 2.0
 
-  opt_cfg = ml_collections.ConfigDict(dict(name="adamw", peak_lr=1e-3, end_lr=1e-4, warmup_steps=10,
-                                           total_steps=1000, weight_decay=0.01, b1=0.9, b2=0.99, eps=1e-8,
-                                           clip_norm=1.0))
-  tx = optimizers.make_optimizer(opt_cfg)
-  params = T.init_params(model, jax.random.key(0))
-  state = TrainState.create(params, tx, jax.random.key(1))
-  step = jax.jit(make_train_step(objective, tx), donate_argnums=0)
-  tokens = jax.random.randint(jax.random.key(2), (args.batch, args.seq_len), 4, model.cfg.vocab_size)
-  batch = {"tokens": tokens}
+    opt_cfg = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            peak_lr=1e-3,
+            end_lr=1e-4,
+            warmup_steps=10,
+            total_steps=1000,
+            weight_decay=0.01,
+            b1=0.9,
+            b2=0.99,
+            eps=1e-8,
+            clip_norm=1.0,
+        )
+    )
+    tx = optimizers.make_optimizer(opt_cfg)
+    params = T.init_params(model, jax.random.key(0))
+    state = TrainState.create(params, tx, jax.random.key(1))
+    step = jax.jit(make_train_step(objective, tx), donate_argnums=0)
+    tokens = jax.random.randint(jax.random.key(2), (args.batch, args.seq_len), 4, model.cfg.vocab_size)
+    batch = {"tokens": tokens}
 
-  state, m = step(state, batch)  # compile
-  jax.block_until_ready(m)
-  peak = metrics.measure_peak_matmul_flops(2048, jnp.float32 if args.dtype == "float32" else jnp.bfloat16)
-  times = []
-  for _ in range(args.steps):
-    start = time.perf_counter()
-    state, m = step(state, batch)
+    state, m = step(state, batch)  # compile
     jax.block_until_ready(m)
-    times.append(time.perf_counter() - start)
-  peak_after = metrics.measure_peak_matmul_flops(2048, jnp.float32 if args.dtype == "float32" else jnp.bfloat16)
-  step_s = float(np.median(times))
-  tok_s = args.batch * args.seq_len / step_s
-  flops_tok = exp_lib.flops_per_token(model, args.seq_len) * passes
-  model_flops = tok_s * flops_tok
-  peak_flops = max(peak, peak_after)
-  counts = count_params(model.cfg)
-  print(json.dumps({
-      "benchmark": "bench_train", "config": args.config, "objective": args.objective, "dtype": args.dtype,
-      "params": counts["total_params"], "active_params": counts["active_params_per_token"],
-      "batch": args.batch, "seq_len": args.seq_len, "step_ms": round(step_s * 1e3, 2),
-      "tokens_per_s": round(tok_s, 1), "model_flops_per_token": flops_tok,
-      "model_flop_per_s": round(model_flops / 1e9, 2) * 1e9,
-      "peak_matmul_flop_per_s": round(peak_flops / 1e9, 2) * 1e9,
-      "peak_before_after_gflops": [round(peak / 1e9, 1), round(peak_after / 1e9, 1)],
-      "mfu": round(model_flops / peak_flops, 3), "target_mfu": 0.4,
-      "final_loss": float(m["loss"]),
-  }))
+    peak = metrics.measure_peak_matmul_flops(2048, jnp.float32 if args.dtype == "float32" else jnp.bfloat16)
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        state, m = step(state, batch)
+        jax.block_until_ready(m)
+        times.append(time.perf_counter() - start)
+    peak_after = metrics.measure_peak_matmul_flops(2048, jnp.float32 if args.dtype == "float32" else jnp.bfloat16)
+    step_s = float(np.median(times))
+    tok_s = args.batch * args.seq_len / step_s
+    flops_tok = exp_lib.flops_per_token(model, args.seq_len) * passes
+    model_flops = tok_s * flops_tok
+    peak_flops = max(peak, peak_after)
+    counts = count_params(model.cfg)
+    print(
+        json.dumps(
+            {
+                "benchmark": "bench_train",
+                "config": args.config,
+                "objective": args.objective,
+                "dtype": args.dtype,
+                "params": counts["total_params"],
+                "active_params": counts["active_params_per_token"],
+                "batch": args.batch,
+                "seq_len": args.seq_len,
+                "step_ms": round(step_s * 1e3, 2),
+                "tokens_per_s": round(tok_s, 1),
+                "model_flops_per_token": flops_tok,
+                "model_flop_per_s": round(model_flops / 1e9, 2) * 1e9,
+                "peak_matmul_flop_per_s": round(peak_flops / 1e9, 2) * 1e9,
+                "peak_before_after_gflops": [round(peak / 1e9, 1), round(peak_after / 1e9, 1)],
+                "mfu": round(model_flops / peak_flops, 3),
+                "target_mfu": 0.4,
+                "final_loss": float(m["loss"]),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
-  main()
+    main()

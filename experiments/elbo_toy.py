@@ -100,18 +100,20 @@ def _bits_per_sample(key, p, table, masking, uniform, batch):
 
     xt, _ = masking.corrupt(k_mt, x0, t)
     x_clean, _ = masking.corrupt(k_m0, x0, t0)
-    masking_nats = (losses.masking_elbo(table[_xt_index(xt)], x0, xt, t, masking.schedule, MASK_ID)
-                    + losses.reconstruction_nll(table[_xt_index(x_clean)], x0, x_clean, masking)
-                    + losses.prior_kl(x0, masking))
+    masking_nats = (
+        losses.masking_elbo(table[_xt_index(xt)], x0, xt, t, masking.schedule, MASK_ID)
+        + losses.reconstruction_nll(table[_xt_index(x_clean)], x0, x_clean, masking)
+        + losses.prior_kl(x0, masking)
+    )
 
     xt, _ = uniform.corrupt(k_ut, x0, t)
     x_clean, _ = uniform.corrupt(k_u0, x0, t0)
     alpha = uniform.schedule.alpha(t)
-    uniform_nats = (losses.uniform_elbo(uniform_model_logits(p, xt, alpha), x0, xt, t, uniform.schedule,
-                                        uniform.allowed_vocab())
-                    + losses.reconstruction_nll(uniform_model_logits(p, x_clean, uniform.schedule.alpha(t0)), x0,
-                                                x_clean, uniform)
-                    + losses.prior_kl(x0, uniform))
+    uniform_nats = (
+        losses.uniform_elbo(uniform_model_logits(p, xt, alpha), x0, xt, t, uniform.schedule, uniform.allowed_vocab())
+        + losses.reconstruction_nll(uniform_model_logits(p, x_clean, uniform.schedule.alpha(t0)), x0, x_clean, uniform)
+        + losses.prior_kl(x0, uniform)
+    )
     return losses.nats_to_bits(masking_nats), losses.nats_to_bits(uniform_nats)
 
 
@@ -164,11 +166,15 @@ def exact_elbo_bits(p_np: np.ndarray, table: jax.Array, masking: MaskingProcess,
         return losses.reconstruction_nll(uniform_logits(t), x0, xt, uniform)
 
     result = {}
-    for name, process, loss_fn, recon_fn, num_states in [("masking", masking, masking_loss, masking_recon, VOCAB + 1),
-                                                         ("uniform", uniform, uniform_loss, uniform_recon, VOCAB)]:
+    for name, process, loss_fn, recon_fn, num_states in [
+        ("masking", masking, masking_loss, masking_recon, VOCAB + 1),
+        ("uniform", uniform, uniform_loss, uniform_recon, VOCAB),
+    ]:
         x0, xt, x0_index = pairs(num_states)
-        at = jax.jit(lambda t_values, fn: jax.lax.map(lambda t: expectation(process, x0, xt, x0_index, t, fn),
-                                                          t_values), static_argnums=1)
+        at = jax.jit(
+            lambda t_values, fn: jax.lax.map(lambda t: expectation(process, x0, xt, x0_index, t, fn), t_values),
+            static_argnums=1,
+        )
         diffusion = float(np.dot(weights, np.asarray(at(jnp.asarray(nodes, jnp.float32), loss_fn), np.float64)))
         recon = float(at(jnp.zeros((1,), jnp.float32), recon_fn)[0])
         prior = float(jnp.sum(p * losses.prior_kl(jnp.asarray(ALL_SEQUENCES), process)))
@@ -176,8 +182,9 @@ def exact_elbo_bits(p_np: np.ndarray, table: jax.Array, masking: MaskingProcess,
     return result
 
 
-def run(num_samples: int = 1_000_000, seed: int = 0, schedule: str = "linear", chunk: int = 50_000,
-        exact: bool = True) -> dict:
+def run(
+    num_samples: int = 1_000_000, seed: int = 0, schedule: str = "linear", chunk: int = 50_000, exact: bool = True
+) -> dict:
     start = time.perf_counter()
     p_np = make_distribution()
     p = jnp.asarray(p_np, jnp.float32)

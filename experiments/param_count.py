@@ -1,6 +1,6 @@
 """Prints one JSON line with the total and active parameter counts of a model config (no allocation).
 
-  python experiments/param_count.py --config configs/models/diffusiongemma_26b_a4b.py
+python experiments/param_count.py --config configs/models/diffusiongemma_26b_a4b.py
 """
 
 import json
@@ -15,14 +15,14 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "A model config file (
 
 
 def main(argv):
-  del argv
-  cfg = _CONFIG.value
-  model_cfg = TransformerConfig.from_dict(cfg.to_dict().get("model", cfg.to_dict()))
-  counts = count_params(model_cfg)
-  counts["total_params_billions"] = round(counts["total_params"] / 1e9, 4)
-  counts["active_params_billions"] = round(counts["active_params_per_token"] / 1e9, 4)
-  print(json.dumps(counts))
+    del argv
+    cfg = _CONFIG.value
+    model_cfg = TransformerConfig.from_dict(cfg.to_dict().get("model", cfg.to_dict()))
+    counts = count_params(model_cfg)
+    counts["total_params_billions"] = round(counts["total_params"] / 1e9, 4)
+    counts["active_params_billions"] = round(counts["active_params_per_token"] / 1e9, 4)
+    print(json.dumps(counts))
 
 
 if __name__ == "__main__":
-  app.run(main)
+    app.run(main)

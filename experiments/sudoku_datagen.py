@@ -26,14 +26,27 @@ def _cpu_seconds() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=10000, help="number of puzzles")
-    parser.add_argument("--givens", type=int, nargs=2, default=(24, 50), metavar=("LOW", "HIGH"),
-                        help="inclusive range of the number of givens (drawn uniformly per puzzle)")
+    parser.add_argument(
+        "--givens",
+        type=int,
+        nargs=2,
+        default=(24, 50),
+        metavar=("LOW", "HIGH"),
+        help="inclusive range of the number of givens (drawn uniformly per puzzle)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--unique", action=argparse.BooleanOptionalAction, default=True,
-                        help="only blank cells while the puzzle stays uniquely solvable (--no-unique: any cells)")
+    parser.add_argument(
+        "--unique",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="only blank cells while the puzzle stays uniquely solvable (--no-unique: any cells)",
+    )
     parser.add_argument("--num_workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--cache_dir", default="default",
-                        help="folder for the .npz cache ('default': ~/.cache/hackable_diffusion/sudoku; 'none': off)")
+    parser.add_argument(
+        "--cache_dir",
+        default="default",
+        help="folder for the .npz cache ('default': ~/.cache/hackable_diffusion/sudoku; 'none': off)",
+    )
     parser.add_argument("--max_attempts", type=int, default=50, help="grids tried per unique puzzle")
     args = parser.parse_args()
 
@@ -42,8 +55,15 @@ def main() -> None:
     from_cache = path is not None and path.exists()
     start = time.perf_counter()
     cpu_start = _cpu_seconds()
-    data = sudoku.generate_dataset(args.n, tuple(args.givens), seed=args.seed, unique=args.unique,
-                                   num_workers=args.num_workers, cache_dir=cache_dir, max_attempts=args.max_attempts)
+    data = sudoku.generate_dataset(
+        args.n,
+        tuple(args.givens),
+        seed=args.seed,
+        unique=args.unique,
+        num_workers=args.num_workers,
+        cache_dir=cache_dir,
+        max_attempts=args.max_attempts,
+    )
     seconds = time.perf_counter() - start
     cpu_seconds = _cpu_seconds() - cpu_start  # this process plus its finished workers
     givens = data["givens"]

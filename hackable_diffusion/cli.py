@@ -17,79 +17,81 @@ import ml_collections
 
 
 class ConfigKeyError(ValueError):
-  """An override names a config key that does not exist."""
+    """An override names a config key that does not exist."""
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
-  """Imports a config file and calls its `get_config()` (the same contract as ml_collections' config flags)."""
-  spec = importlib.util.spec_from_file_location("_hd_config", path)
-  if spec is None or not pathlib.Path(path).is_file():
-    raise FileNotFoundError(f"Config file {path!r} not found.")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+    """Imports a config file and calls its `get_config()` (the same contract as ml_collections' config flags)."""
+    spec = importlib.util.spec_from_file_location("_hd_config", path)
+    if spec is None or not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"Config file {path!r} not found.")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
 
 
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
-  keys = []
-  for key, value in config.items():
-    name = f"{prefix}{key}"
-    keys.append(name)
-    if isinstance(value, ml_collections.ConfigDict):
-      keys.extend(flat_keys(value, name + "."))
-  return keys
+    keys = []
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        keys.append(name)
+        if isinstance(value, ml_collections.ConfigDict):
+            keys.extend(flat_keys(value, name + "."))
+    return keys
 
 
 def check_overrides(config: ml_collections.ConfigDict, argv: Sequence[str], flag: str = "config") -> None:
-  """Raises ConfigKeyError for the first `--config.KEY=...` whose KEY is not in `config`."""
-  valid = flat_keys(config)
-  valid_set = set(valid)
-  for arg in argv:
-    if not arg.startswith(f"--{flag}."):
-      continue
-    key = arg[len(flag) + 3:].split("=", 1)[0]
-    if key not in valid_set:
-      close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
-      hint = f" Closest existing keys: {', '.join(close)}." if close else ""
-      raise ConfigKeyError(f"Unknown config key {key!r} in {arg!r}.{hint}")
+    """Raises ConfigKeyError for the first `--config.KEY=...` whose KEY is not in `config`."""
+    valid = flat_keys(config)
+    valid_set = set(valid)
+    for arg in argv:
+        if not arg.startswith(f"--{flag}."):
+            continue
+        key = arg[len(flag) + 3 :].split("=", 1)[0]
+        if key not in valid_set:
+            close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+            hint = f" Closest existing keys: {', '.join(close)}." if close else ""
+            raise ConfigKeyError(f"Unknown config key {key!r} in {arg!r}.{hint}")
 
 
 def precheck_argv(argv: Sequence[str], flag: str = "config") -> None:
-  """Before `app.run`: validates overrides against the config file named by `--config`; exits 2 on an error."""
-  path = None
-  for i, arg in enumerate(argv):
-    if arg.startswith(f"--{flag}="):
-      path = arg.split("=", 1)[1]
-    elif arg == f"--{flag}" and i + 1 < len(argv):
-      path = argv[i + 1]
-  if path is None:
-    return
-  try:
-    check_overrides(load_config_file(path.split(":", 1)[0]), argv, flag)
-  except (ConfigKeyError, FileNotFoundError) as err:
-    print(f"error: {err}", file=sys.stderr)
-    sys.exit(2)
+    """Before `app.run`: validates overrides against the config file named by `--config`; exits 2 on an error."""
+    path = None
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{flag}="):
+            path = arg.split("=", 1)[1]
+        elif arg == f"--{flag}" and i + 1 < len(argv):
+            path = argv[i + 1]
+    if path is None:
+        return
+    try:
+        check_overrides(load_config_file(path.split(":", 1)[0]), argv, flag)
+    except (ConfigKeyError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 def save_config(config: ml_collections.ConfigDict, path: pathlib.Path) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
 
 
 def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
-  path = pathlib.Path(workdir) / "config.json"
-  if not path.is_file():
-    raise FileNotFoundError(f"{path} not found: is {workdir!r} a training workdir (python -m hackable_diffusion.train "
-                            "writes config.json there)?")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+    path = pathlib.Path(workdir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: is {workdir!r} a training workdir (python -m hackable_diffusion.train "
+            "writes config.json there)?"
+        )
+    return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
 def quiet_library_logs():
-  """orbax/grain/jax log every checkpoint step at INFO through absl; keep warnings and our own prints."""
-  import logging
+    """orbax/grain/jax log every checkpoint step at INFO through absl; keep warnings and our own prints."""
+    import logging
 
-  from absl import logging as absl_logging
+    from absl import logging as absl_logging
 
-  absl_logging.set_verbosity(absl_logging.WARNING)
-  for name in ("orbax", "jax", "grain", "absl"):
-    logging.getLogger(name).setLevel(logging.WARNING)
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    for name in ("orbax", "jax", "grain", "absl"):
+        logging.getLogger(name).setLevel(logging.WARNING)

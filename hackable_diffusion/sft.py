@@ -64,53 +64,102 @@ INIT_KINDS = ("toolbox", "params", "gemma", "scratch")
 FUSED_DIR, LORA_DIR, GEMMA_DIR = "fused_params", "lora_params", "gemma_params"
 #: diffusion fields taken from the source run's config.json (init.inherit_diffusion): fine-tune with the process and
 #: loss recipe the model was trained with; `objective` and `canvas_len` stay this config's.
-INHERITED_DIFFUSION = ("process", "schedule", "schedule_eps", "excluded_ids", "loss", "time_sampler", "t_min", "t_max",
-                       "encoder_ar_weight", "self_condition_prob", "null_signal")
+INHERITED_DIFFUSION = (
+    "process",
+    "schedule",
+    "schedule_eps",
+    "excluded_ids",
+    "loss",
+    "time_sampler",
+    "t_min",
+    "t_max",
+    "encoder_ar_weight",
+    "self_condition_prob",
+    "null_signal",
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config.
 
 
-def sft_config(*, model: dict[str, Any] | None = None, init_kind: str = "toolbox", checkpoint: str = "",
-               lora_rank: int = 8, lora_alpha: float | None = 16.0, steps: int = 300, batch_size: int = 8,
-               prompt_len: int = 64, num_canvases: int = 2, canvas_len: int = 32) -> ml_collections.ConfigDict:
+def sft_config(
+    *,
+    model: dict[str, Any] | None = None,
+    init_kind: str = "toolbox",
+    checkpoint: str = "",
+    lora_rank: int = 8,
+    lora_alpha: float | None = 16.0,
+    steps: int = 300,
+    batch_size: int = 8,
+    prompt_len: int = 64,
+    num_canvases: int = 2,
+    canvas_len: int = 32,
+) -> ml_collections.ConfigDict:
     """An SFT experiment on tiny Shakespeare line pairs (DiffusionGemma's SFT objective), LoRA or full (rank 0)."""
     c = recipes.base_config()
     c.model = ml_collections.ConfigDict(model or presets.quickstart())
     c.model.self_conditioning = True
-    c.init = ml_collections.ConfigDict(dict(
-        kind=init_kind,  # "toolbox" | "params" | "gemma" | "scratch"
-        checkpoint=checkpoint,  # toolbox workdir (or its checkpoints/) | params dir (fused_params) | gemma orbax dir
-        use_ema=True,  # toolbox: take ema_params when the run kept an EMA
-        inherit_diffusion=True,  # toolbox/params: take the noise process and loss recipe of the source run
-        tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus
-    ))
-    c.lora = ml_collections.ConfigDict(dict(
-        rank=lora_rank,  # 0 = full fine-tuning
-        alpha=lora_alpha if lora_alpha is not None else float(max(lora_rank, 1)),
-        targets=lora_lib.DEFAULT_TARGETS,  # or ("all-linear",)
-        include_experts=False,
-    ))
-    c.sft = ml_collections.ConfigDict(dict(
-        prompt_lines=1, response_lines=2, prompt_len=prompt_len, num_canvases=num_canvases,
-        max_examples=0,  # 0 = every pair of the training split
-        eval_examples=64, num_devices=0,  # 0 = every device
-    ))
+    c.init = ml_collections.ConfigDict(
+        dict(
+            kind=init_kind,  # "toolbox" | "params" | "gemma" | "scratch"
+            checkpoint=checkpoint,  # toolbox workdir (or its checkpoints/) | params dir (fused_params) | gemma orbax dir
+            use_ema=True,  # toolbox: take ema_params when the run kept an EMA
+            inherit_diffusion=True,  # toolbox/params: take the noise process and loss recipe of the source run
+            tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus
+        )
+    )
+    c.lora = ml_collections.ConfigDict(
+        dict(
+            rank=lora_rank,  # 0 = full fine-tuning
+            alpha=lora_alpha if lora_alpha is not None else float(max(lora_rank, 1)),
+            targets=lora_lib.DEFAULT_TARGETS,  # or ("all-linear",)
+            include_experts=False,
+        )
+    )
+    c.sft = ml_collections.ConfigDict(
+        dict(
+            prompt_lines=1,
+            response_lines=2,
+            prompt_len=prompt_len,
+            num_canvases=num_canvases,
+            max_examples=0,  # 0 = every pair of the training split
+            eval_examples=64,
+            num_devices=0,  # 0 = every device
+        )
+    )
     c.data.seq_len = prompt_len + num_canvases * canvas_len
     c.data.batch_size = batch_size
     d = c.diffusion
     d.process, d.objective, d.canvas_len = "uniform", "sft", canvas_len
     d.loss, d.encoder_ar_weight, d.self_condition_prob, d.null_signal = "canvas_ce", 1.0, 0.5, "mean_embedding"
     d.time_sampler, d.t_min, d.t_max = "uniform", 1e-4, 1.0 - 1e-4
-    c.optimizer = ml_collections.ConfigDict(dict(
-        name="adamw", peak_lr=2e-3 if lora_rank else 5e-4, end_lr=2e-4 if lora_rank else 5e-5, warmup_steps=30,
-        total_steps=0, weight_decay=1e-4, b1=0.95, b2=0.99, eps=1e-8, clip_norm=1.0))
-    c.train = ml_collections.ConfigDict(dict(
-        num_steps=steps, grad_accum_steps=1, ema_decay=0.0, log_every=25, eval_every=100, checkpoint_every=100,
-        keep_checkpoints=2,
-        fast_compile=False,  # XLA backend optimisation level 0: ~2.5x faster CPU compiles, slower steps (tests)
-    ))
+    c.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            peak_lr=2e-3 if lora_rank else 5e-4,
+            end_lr=2e-4 if lora_rank else 5e-5,
+            warmup_steps=30,
+            total_steps=0,
+            weight_decay=1e-4,
+            b1=0.95,
+            b2=0.99,
+            eps=1e-8,
+            clip_norm=1.0,
+        )
+    )
+    c.train = ml_collections.ConfigDict(
+        dict(
+            num_steps=steps,
+            grad_accum_steps=1,
+            ema_decay=0.0,
+            log_every=25,
+            eval_every=100,
+            checkpoint_every=100,
+            keep_checkpoints=2,
+            fast_compile=False,  # XLA backend optimisation level 0: ~2.5x faster CPU compiles, slower steps (tests)
+        )
+    )
     c.eval.num_batches = 4
     c.eval.batch_size = batch_size
     c.output = ml_collections.ConfigDict(dict(save_fused=True, save_lora=True, save_gemma=False))
@@ -127,12 +176,12 @@ def sft_config(*, model: dict[str, Any] | None = None, init_kind: str = "toolbox
 def _step_dirs(checkpoints: pathlib.Path) -> list[int]:
     if not checkpoints.is_dir():
         return []
-    return sorted(int(p.name) for p in checkpoints.iterdir()
-                  if p.name.isdigit() and (p / "state").is_dir())
+    return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit() and (p / "state").is_dir())
 
 
-def load_toolbox_params(path: str | os.PathLike, *, use_ema: bool = True,
-                        step: int | None = None) -> tuple[PyTree, int]:
+def load_toolbox_params(
+    path: str | os.PathLike, *, use_ema: bool = True, step: int | None = None
+) -> tuple[PyTree, int]:
     """(params as numpy arrays, step) of a toolbox run's checkpoint (the EMA params if `use_ema` and kept).
 
     `path` is a training workdir or its `checkpoints/` folder; `step=None` takes the latest complete step.
@@ -141,8 +190,10 @@ def load_toolbox_params(path: str | os.PathLike, *, use_ema: bool = True,
     checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     steps = _step_dirs(checkpoints)
     if not steps:
-        raise ValueError(f"No toolbox checkpoint in {str(path)!r} (looked for step folders with a 'state' item in "
-                         f"{str(checkpoints)!r}); train with hackable_diffusion.train first or fix init.checkpoint.")
+        raise ValueError(
+            f"No toolbox checkpoint in {str(path)!r} (looked for step folders with a 'state' item in "
+            f"{str(checkpoints)!r}); train with hackable_diffusion.train first or fix init.checkpoint."
+        )
     step = steps[-1] if step is None else int(step)
     if step not in steps:
         raise ValueError(f"Checkpoint step {step} not found in {str(checkpoints)!r}; available: {steps}.")
@@ -151,13 +202,19 @@ def load_toolbox_params(path: str | os.PathLike, *, use_ema: bool = True,
     metadata = gemma_convert.tree_metadata(item)
     key = "ema_params" if use_ema and metadata.get("ema_params") else "params"
     if isinstance(metadata[key], Mapping) and set(metadata[key]) == {lora_lib.BASE_KEY, lora_lib.LORA_KEY}:
-        raise ValueError(f"{str(path)!r} is a LoRA fine-tuning run (its params are {{'base', 'lora'}}); start from "
-                         f"its fused weights instead: init.kind='params', init.checkpoint='{path}/{FUSED_DIR}'.")
+        raise ValueError(
+            f"{str(path)!r} is a LoRA fine-tuning run (its params are {{'base', 'lora'}}); start from "
+            f"its fused weights instead: init.kind='params', init.checkpoint='{path}/{FUSED_DIR}'."
+        )
     subtree = {key: metadata[key]}
-    restored = checkpointer.restore(item, args=ocp.args.PyTreeRestore(
-        item=jax.tree.map(lambda m: np.empty(m.shape, m.dtype), subtree),
-        restore_args=jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), subtree),
-        partial_restore=True))
+    restored = checkpointer.restore(
+        item,
+        args=ocp.args.PyTreeRestore(
+            item=jax.tree.map(lambda m: np.empty(m.shape, m.dtype), subtree),
+            restore_args=jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), subtree),
+            partial_restore=True,
+        ),
+    )
     return restored[key], step
 
 
@@ -165,8 +222,10 @@ def _corpus_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
     if config.init.tokenizer_dir:
         return tok_lib.load_tokenizer(config.init.tokenizer_dir)
     if config.data.corpus != "shakespeare" or config.data.tokenizer != "char":
-        raise ValueError("Without init.tokenizer_dir the SFT demo fits a char tokenizer on Shakespeare; set "
-                         "data.corpus='shakespeare', data.tokenizer='char' or give init.tokenizer_dir.")
+        raise ValueError(
+            "Without init.tokenizer_dir the SFT demo fits a char tokenizer on Shakespeare; set "
+            "data.corpus='shakespeare', data.tokenizer='char' or give init.tokenizer_dir."
+        )
     return tok_lib.CharTokenizer.fit(text_lib.load_shakespeare("train", config.data.data_dir or None))
 
 
@@ -193,13 +252,18 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
         raise ValueError(f"config.init.kind={init.kind!r} must be one of {INIT_KINDS}.")
     if init.kind in ("toolbox", "params"):
         if not init.checkpoint:
-            raise ValueError(f"config.init.kind={init.kind!r} needs config.init.checkpoint (a training workdir, or a "
-                             "params directory for kind 'params').")
+            raise ValueError(
+                f"config.init.kind={init.kind!r} needs config.init.checkpoint (a training workdir, or a "
+                "params directory for kind 'params')."
+            )
         source = pathlib.Path(init.checkpoint)
         run_dir = source.parent if (source.name == "checkpoints" or init.kind == "params") else source
         tokenizer_dir = run_dir / "tokenizer"
-        tokenizer = (tok_lib.load_tokenizer(tokenizer_dir) if (tokenizer_dir / tok_lib.CONFIG_FILE).is_file()
-                     else _corpus_tokenizer(config))
+        tokenizer = (
+            tok_lib.load_tokenizer(tokenizer_dir)
+            if (tokenizer_dir / tok_lib.CONFIG_FILE).is_file()
+            else _corpus_tokenizer(config)
+        )
         shape, source_config = config.model.to_dict(), None
         if (run_dir / "config.json").is_file():
             source_config = cli.load_saved_config(str(run_dir))
@@ -240,15 +304,16 @@ def shakespeare_pairs(text: str, prompt_lines: int, response_lines: int) -> list
     window = prompt_lines + response_lines
     pairs = []
     for start in range(0, len(lines) - window + 1, window):
-        prompt = "\n".join(lines[start:start + prompt_lines])
+        prompt = "\n".join(lines[start : start + prompt_lines])
         if not prompt.strip():
             continue
-        pairs.append((prompt + "\n", "\n".join(lines[start + prompt_lines:start + window])))
+        pairs.append((prompt + "\n", "\n".join(lines[start + prompt_lines : start + window])))
     return pairs
 
 
-def build_examples(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, chunker: CanvasChunker,
-                   max_examples: int = 0) -> dict[str, np.ndarray]:
+def build_examples(
+    pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, chunker: CanvasChunker, max_examples: int = 0
+) -> dict[str, np.ndarray]:
     """Collated CanvasChunker examples of the pairs (pairs with characters outside the vocabulary are skipped)."""
     examples = []
     for prompt, response in pairs:
@@ -272,20 +337,26 @@ class GatherExamples:
     stop: int
 
     def __call__(self, global_indices: np.ndarray) -> dict[str, np.ndarray]:
-        rows = global_indices[self.start:self.stop]
+        rows = global_indices[self.start : self.stop]
         return {k: np.ascontiguousarray(v[rows]) for k, v in self.examples.items()}
 
 
-def make_example_iterator(examples: Mapping[str, np.ndarray], batch_size: int, seed: int, process_index: int = 0,
-                          process_count: int = 1) -> grain.DatasetIterator:
+def make_example_iterator(
+    examples: Mapping[str, np.ndarray], batch_size: int, seed: int, process_index: int = 0, process_count: int = 1
+) -> grain.DatasetIterator:
     """Shuffled, repeated batches of examples (per process), with a checkpointable grain state."""
     count = len(next(iter(examples.values())))
     if batch_size < 1 or count < 1:
         raise ValueError(f"need batch_size >= 1 and at least one example, got {batch_size} and {count}.")
     start = process_index * batch_size
-    dataset = (grain.MapDataset.source(np.arange(count, dtype=np.int64)).seed(seed).shuffle().repeat()
-               .batch(batch_size * process_count, drop_remainder=True)
-               .map(GatherExamples(dict(examples), start, start + batch_size)))
+    dataset = (
+        grain.MapDataset.source(np.arange(count, dtype=np.int64))
+        .seed(seed)
+        .shuffle()
+        .repeat()
+        .batch(batch_size * process_count, drop_remainder=True)
+        .map(GatherExamples(dict(examples), start, start + batch_size))
+    )
     return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
 
 
@@ -293,7 +364,7 @@ def eval_batches(examples: Mapping[str, np.ndarray], batch_size: int, num_batche
     count = len(next(iter(examples.values())))
     out = []
     for begin in range(0, count - batch_size + 1, batch_size):
-        out.append({k: v[begin:begin + batch_size] for k, v in examples.items()})
+        out.append({k: v[begin : begin + batch_size] for k, v in examples.items()})
         if len(out) == num_batches:
             break
     return out
@@ -317,8 +388,12 @@ def load_params(directory: str | os.PathLike) -> PyTree:
     directory = os.path.abspath(os.fspath(directory))
     checkpointer = ocp.PyTreeCheckpointer()
     metadata = gemma_convert.tree_metadata(directory)
-    return checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
-        restore_args=jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), metadata)))
+    return checkpointer.restore(
+        directory,
+        args=ocp.args.PyTreeRestore(
+            restore_args=jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -341,8 +416,12 @@ def make_adapter(config: ml_collections.ConfigDict) -> lora_lib.LoRA | None:
     targets = tuple(lc.targets)
     if targets == (lora_lib.ALL_LINEAR,):
         targets = lora_lib.ALL_LINEAR
-    return lora_lib.LoRA(rank=int(lc.rank), alpha=float(lc.alpha) if lc.alpha else None, targets=targets,
-                         include_experts=bool(lc.include_experts))
+    return lora_lib.LoRA(
+        rank=int(lc.rank),
+        alpha=float(lc.alpha) if lc.alpha else None,
+        targets=targets,
+        include_experts=bool(lc.include_experts),
+    )
 
 
 def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: bool = False) -> SFTResult:
@@ -360,12 +439,17 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
         config.model = ml_collections.ConfigDict(dataclasses.asdict(cfg))
         source_diffusion = base.source_config.get("diffusion") if base.source_config is not None else None
         if config.init.get("inherit_diffusion", True) and source_diffusion is not None:
-            inherited = {k: tuple(v) if isinstance(v, list) else v for k, v in source_diffusion.items()
-                         if k in INHERITED_DIFFUSION}
+            inherited = {
+                k: tuple(v) if isinstance(v, list) else v
+                for k, v in source_diffusion.items()
+                if k in INHERITED_DIFFUSION
+            }
             config.diffusion.update(inherited)
             if jax.process_index() == 0 and inherited:
-                print("Diffusion recipe of the source run: " + ", ".join(f"{k}={v}" for k, v in inherited.items()),
-                      flush=True)
+                print(
+                    "Diffusion recipe of the source run: " + ", ".join(f"{k}={v}" for k, v in inherited.items()),
+                    flush=True,
+                )
     if jax.process_index() == 0:
         cli.save_config(config, path / "config.json")
         if not (path / "tokenizer" / tok_lib.CONFIG_FILE).is_file():
@@ -378,13 +462,20 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
     chunker = CanvasChunker(s.prompt_len, s.num_canvases, c, truncate_prompt=True)
     data_dir = config.data.data_dir or None
     train_examples = build_examples(
-        shakespeare_pairs(text_lib.load_shakespeare("train", data_dir), s.prompt_lines, s.response_lines), tokenizer,
-        chunker, s.max_examples)
+        shakespeare_pairs(text_lib.load_shakespeare("train", data_dir), s.prompt_lines, s.response_lines),
+        tokenizer,
+        chunker,
+        s.max_examples,
+    )
     eval_examples = build_examples(
         shakespeare_pairs(text_lib.load_shakespeare("validation", data_dir), s.prompt_lines, s.response_lines),
-        tokenizer, chunker, s.eval_examples)
-    train_iter = make_example_iterator(train_examples, config.data.batch_size, config.seed,
-                                       jax.process_index(), jax.process_count())
+        tokenizer,
+        chunker,
+        s.eval_examples,
+    )
+    train_iter = make_example_iterator(
+        train_examples, config.data.batch_size, config.seed, jax.process_index(), jax.process_count()
+    )
 
     adapter = make_adapter(config)
     base_params = base.params
@@ -392,10 +483,15 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
         init_fn = lambda key: jax.tree.map(jnp.asarray, base_params)
         loss_fn, mask, axes_fn = objective, None, partitioning.logical_axes
     else:
-        init_fn = lambda key: {lora_lib.BASE_KEY: jax.tree.map(jnp.asarray, base_params),
-                               lora_lib.LORA_KEY: adapter.init(base_params, key)}
-        loss_fn, mask, axes_fn = lora_lib.lora_loss_fn(adapter, objective), lora_lib.trainable_mask, \
-            lora_lib.logical_axes
+        init_fn = lambda key: {
+            lora_lib.BASE_KEY: jax.tree.map(jnp.asarray, base_params),
+            lora_lib.LORA_KEY: adapter.init(base_params, key),
+        }
+        loss_fn, mask, axes_fn = (
+            lora_lib.lora_loss_fn(adapter, objective),
+            lora_lib.trainable_mask,
+            lora_lib.logical_axes,
+        )
 
     batches = eval_batches(eval_examples, config.eval.batch_size, config.eval.num_batches)
     eval_loss = jax.jit(loss_fn)
@@ -412,23 +508,38 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
     optimizer_cfg = config.optimizer.copy_and_resolve_references()
     if not optimizer_cfg.total_steps:
         optimizer_cfg.total_steps = config.train.num_steps
-    devices = jax.devices()[:s.num_devices] if s.num_devices else None
+    devices = jax.devices()[: s.num_devices] if s.num_devices else None
     mesh = sharding.make_mesh(config.mesh, devices)
     if jax.process_index() == 0:
         counts = lora_lib.num_params(jax.eval_shape(adapter.init, base_params, jax.random.key(0))) if adapter else 0
         what = f"LoRA rank {adapter.rank}, alpha {adapter.alpha} ({counts:,} trainable)" if adapter else "full"
-        print(f"SFT from {base.source}: {what}; {len(train_examples['prompt']):,} train / "
-              f"{len(eval_examples['prompt']):,} eval examples (prompt {s.prompt_len}, {s.num_canvases} x {c} "
-              "canvas tokens).", flush=True)
+        print(
+            f"SFT from {base.source}: {what}; {len(train_examples['prompt']):,} train / "
+            f"{len(eval_examples['prompt']):,} eval examples (prompt {s.prompt_len}, {s.num_canvases} x {c} "
+            "canvas tokens).",
+            flush=True,
+        )
     state = loop.train(
-        workdir=workdir, init_fn=init_fn, loss_fn=loss_fn, train_iterator=train_iter,
-        total_steps=config.train.num_steps, optimizer_cfg=optimizer_cfg, mesh=mesh, param_logical_axes_fn=axes_fn,
-        seed=config.seed, grad_accum_steps=config.train.grad_accum_steps, ema_decay=config.train.ema_decay,
-        log_every=config.train.log_every, checkpoint_every=config.train.checkpoint_every,
-        keep_checkpoints=config.train.keep_checkpoints, eval_fn=eval_fn if batches else None,
-        eval_every=config.train.eval_every, tokens_per_example=s.prompt_len + s.num_canvases * c,
+        workdir=workdir,
+        init_fn=init_fn,
+        loss_fn=loss_fn,
+        train_iterator=train_iter,
+        total_steps=config.train.num_steps,
+        optimizer_cfg=optimizer_cfg,
+        mesh=mesh,
+        param_logical_axes_fn=axes_fn,
+        seed=config.seed,
+        grad_accum_steps=config.train.grad_accum_steps,
+        ema_decay=config.train.ema_decay,
+        log_every=config.train.log_every,
+        checkpoint_every=config.train.checkpoint_every,
+        keep_checkpoints=config.train.keep_checkpoints,
+        eval_fn=eval_fn if batches else None,
+        eval_every=config.train.eval_every,
+        tokens_per_example=s.prompt_len + s.num_canvases * c,
         trainable_mask=mask,
-        compiler_options={"xla_backend_optimization_level": 0} if config.train.get("fast_compile") else None)
+        compiler_options={"xla_backend_optimization_level": 0} if config.train.get("fast_compile") else None,
+    )
 
     params = state.ema_params if state.ema_params is not None else state.params
     if adapter is None:
@@ -448,10 +559,20 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
         sampler = exp_lib.build_sampler(config, process, forbidden_tokens=(0, 2, 3) + unused)
         prompt = config.sampler.prompt
         max_new = -(-config.sampler.max_new_tokens // sampler.canvas_length) * sampler.canvas_length
-        result = gen_lib.generate(model, fused, [[BOS_ID] + tokenizer.encode(prompt)], sampler=sampler,
-                                  key=config.seed, max_new_tokens=max_new, stop_tokens=(EOS_ID,))
-        print(f"\nSample ({result.forward_passes} forward passes):\n{prompt}"
-              f"{tokenizer.decode(np.asarray(result.tokens[0]))}\n", flush=True)
+        result = gen_lib.generate(
+            model,
+            fused,
+            [[BOS_ID] + tokenizer.encode(prompt)],
+            sampler=sampler,
+            key=config.seed,
+            max_new_tokens=max_new,
+            stop_tokens=(EOS_ID,),
+        )
+        print(
+            f"\nSample ({result.forward_passes} forward passes):\n{prompt}"
+            f"{tokenizer.decode(np.asarray(result.tokens[0]))}\n",
+            flush=True,
+        )
     return SFTResult(state=state, fused_params=fused, model=model, tokenizer=tokenizer, adapter=adapter)
 
 

@@ -92,19 +92,26 @@ def make_records(num_examples: int = 64, seed: int = 0):
     return records
 
 
-def make_dataset(process_index: int = 0, process_count: int = 1, nan_at_batch: int | None = None,
-                 global_batch: int = GLOBAL_BATCH):
+def make_dataset(
+    process_index: int = 0, process_count: int = 1, nan_at_batch: int | None = None, global_batch: int = GLOBAL_BATCH
+):
     """Global batches of the toy stream (endless), this process's contiguous rows of each, as a grain MapDataset."""
     local = global_batch // process_count
 
     def select(index, batch):
-        batch = {k: v[process_index * local:(process_index + 1) * local] for k, v in batch.items()}
+        batch = {k: v[process_index * local : (process_index + 1) * local] for k, v in batch.items()}
         if nan_at_batch is not None and index == nan_at_batch:
             batch["weight"] = np.full_like(batch["weight"], np.nan)
         return batch
 
-    return (grain.MapDataset.source(make_records()).seed(0).shuffle()
-            .batch(global_batch, drop_remainder=True).repeat().map_with_index(select))
+    return (
+        grain.MapDataset.source(make_records())
+        .seed(0)
+        .shuffle()
+        .batch(global_batch, drop_remainder=True)
+        .repeat()
+        .map_with_index(select)
+    )
 
 
 def make_iterator(**kwargs):
@@ -112,10 +119,20 @@ def make_iterator(**kwargs):
 
 
 def optimizer_cfg(total_steps: int, **overrides) -> ml_collections.ConfigDict:
-    cfg = ml_collections.ConfigDict(dict(
-        name="adamw", peak_lr=3e-2, end_lr=3e-3, warmup_steps=2, total_steps=total_steps, weight_decay=0.01,
-        b1=0.9, b2=0.99, eps=1e-8, clip_norm=1.0,
-    ))
+    cfg = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            peak_lr=3e-2,
+            end_lr=3e-3,
+            warmup_steps=2,
+            total_steps=total_steps,
+            weight_decay=0.01,
+            b1=0.9,
+            b2=0.99,
+            eps=1e-8,
+            clip_norm=1.0,
+        )
+    )
     cfg.update(overrides)
     return cfg
 
@@ -124,8 +141,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--total_steps", type=int, required=True)
-    parser.add_argument("--resume_to", type=int, default=0,
-                        help="after training to total_steps, call train() again (restoring) up to this step")
+    parser.add_argument(
+        "--resume_to",
+        type=int,
+        default=0,
+        help="after training to total_steps, call train() again (restoring) up to this step",
+    )
     parser.add_argument("--checkpoint_every", type=int, default=3)
     parser.add_argument("--kill_at_step", type=int, default=0)
     parser.add_argument("--kill_after_checkpoint", type=int, default=0)
@@ -162,17 +183,28 @@ def main(argv=None):
     schedule_steps = max(args.total_steps, args.resume_to)
     for total_steps in (args.total_steps, args.resume_to) if args.resume_to else (args.total_steps,):
         state = loop.train(
-            workdir=args.workdir, init_fn=init_fn, loss_fn=make_loss_fn(), seed=0,
+            workdir=args.workdir,
+            init_fn=init_fn,
+            loss_fn=make_loss_fn(),
+            seed=0,
             train_iterator=make_iterator(process_index=jax.process_index(), process_count=jax.process_count()),
-            total_steps=total_steps, optimizer_cfg=optimizer_cfg(schedule_steps), mesh=mesh,
-            param_logical_axes_fn=logical_axes_fn, ema_decay=0.9, log_every=1,
-            checkpoint_every=args.checkpoint_every, keep_checkpoints=2, hooks=hooks, compiler_options=FAST_COMPILE,
+            total_steps=total_steps,
+            optimizer_cfg=optimizer_cfg(schedule_steps),
+            mesh=mesh,
+            param_logical_axes_fn=logical_axes_fn,
+            ema_decay=0.9,
+            log_every=1,
+            checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=2,
+            hooks=hooks,
+            compiler_options=FAST_COMPILE,
         )
     tree = {"params": state.params, "ema": state.ema_params}
     if jax.process_count() > 1:
         tree = multihost_utils.process_allgather(tree, tiled=True)
-    flat = {"/".join(sharding.path_to_names(p)): np.asarray(x)
-            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    flat = {
+        "/".join(sharding.path_to_names(p)): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
     if args.out and jax.process_index() == 0:
         np.savez(args.out, **flat)
     print(f"done at step {int(state.step.addressable_data(0))}", flush=True)

@@ -1,4 +1,5 @@
 """Shared pytest setup: 8 simulated CPU devices for mesh tests, deterministic seeds."""
+
 import os
 
 # Must be set before jax initialises its backend: lets sharding tests build an 8-device mesh on a CPU.

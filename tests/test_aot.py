@@ -46,7 +46,13 @@ def reports():
     if jax.device_count() < 8:
         pytest.skip("needs 8 (simulated) devices; tests/conftest.py sets XLA_FLAGS")
     settings = aot.AotSettings(
-        model=_tiny_model_dict(), mesh=MESH, train_batch=8, train_seq=8, canvas=4, cache_len=16, append_len=4,
+        model=_tiny_model_dict(),
+        mesh=MESH,
+        train_batch=8,
+        train_seq=8,
+        canvas=4,
+        cache_len=16,
+        append_len=4,
         # Low optimisation level: the tiny programs compile ~2x faster; the memory analysis is still XLA's.
         compiler_options=dict(aot.NO_LICM, xla_backend_optimization_level=0),
     )
@@ -69,7 +75,12 @@ def test_every_program_compiles_with_positive_memory(reports):
         assert report["analytic_vs_compiled_argument_ratio"] == pytest.approx(1.0, abs=1e-3), (name, report)
         assert report["mesh"] == MESH
     assert [row["program"] for row in summary["programs"]] == [
-        "train_adamw", "train_adafactor", "canvas_denoise", "append_4", "decode_1"]
+        "train_adamw",
+        "train_adafactor",
+        "canvas_denoise",
+        "append_4",
+        "decode_1",
+    ]
 
 
 def test_train_state_bytes_add_up_and_state_is_donated(reports):

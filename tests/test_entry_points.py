@@ -14,86 +14,99 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def tiny_text_config(process="uniform", steps=6):
-  c = recipes.text_config("shakespeare", process, model=presets.tiny(), steps=steps, seq_len=32, batch_size=8,
-                          canvas_len=8)
-  c.optimizer.warmup_steps = 2
-  c.train.log_every = 3
-  c.train.eval_every = 3
-  c.train.checkpoint_every = 3
-  c.eval.num_batches = 1
-  c.eval.batch_size = 8
-  c.sampler.num_steps = 4
-  c.sampler.canvas_len = 8
-  c.sampler.max_new_tokens = 16
-  return c
+    c = recipes.text_config(
+        "shakespeare", process, model=presets.tiny(), steps=steps, seq_len=32, batch_size=8, canvas_len=8
+    )
+    c.optimizer.warmup_steps = 2
+    c.train.log_every = 3
+    c.train.eval_every = 3
+    c.train.checkpoint_every = 3
+    c.eval.num_batches = 1
+    c.eval.batch_size = 8
+    c.sampler.num_steps = 4
+    c.sampler.canvas_len = 8
+    c.sampler.max_new_tokens = 16
+    return c
 
 
 def test_batch_not_divisible_by_mesh_is_a_clear_error(tmp_path):
-  from hackable_diffusion import train
+    from hackable_diffusion import train
 
-  config = tiny_text_config()
-  config.data.batch_size = 4  # 8 simulated devices on the data axis
-  with pytest.raises(ValueError, match="not divisible by the mesh"):
-    train.run(config, str(tmp_path))
+    config = tiny_text_config()
+    config.data.batch_size = 4  # 8 simulated devices on the data axis
+    with pytest.raises(ValueError, match="not divisible by the mesh"):
+        train.run(config, str(tmp_path))
 
 
 def test_unknown_override_names_the_closest_keys():
-  config = tiny_text_config()
-  with pytest.raises(cli.ConfigKeyError, match="train.num_steps"):
-    cli.check_overrides(config, ["--config.train.num_step=3"])
-  cli.check_overrides(config, ["--config.train.num_steps=3", "--workdir=x"])  # valid keys pass
+    config = tiny_text_config()
+    with pytest.raises(cli.ConfigKeyError, match="train.num_steps"):
+        cli.check_overrides(config, ["--config.train.num_step=3"])
+    cli.check_overrides(config, ["--config.train.num_steps=3", "--workdir=x"])  # valid keys pass
 
 
 def test_train_command_rejects_unknown_key_before_running(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "hackable_diffusion.train", "--config", str(REPO / "configs/quickstart.py"),
-       "--workdir", str(tmp_path), "--config.optimizer.peak_lrr=1"],
-      capture_output=True, text=True, timeout=120, cwd=REPO)
-  assert proc.returncode == 2
-  assert "optimizer.peak_lr" in proc.stderr and "Traceback" not in proc.stderr
-  assert not (tmp_path / "config.json").exists()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hackable_diffusion.train",
+            "--config",
+            str(REPO / "configs/quickstart.py"),
+            "--workdir",
+            str(tmp_path),
+            "--config.optimizer.peak_lrr=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2
+    assert "optimizer.peak_lr" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "config.json").exists()
 
 
 def test_train_resume_sample_and_evaluate(tmp_path, capsys):
-  """The full path with DiffusionGemma's recipe: train, checkpoints, metrics, resume, sample, evaluate."""
-  from hackable_diffusion import evaluate, experiment
-  from hackable_diffusion import train
+    """The full path with DiffusionGemma's recipe: train, checkpoints, metrics, resume, sample, evaluate."""
+    from hackable_diffusion import evaluate, experiment
+    from hackable_diffusion import train
 
-  process = "uniform"
-  workdir = str(tmp_path / "run")
-  train.run(tiny_text_config(process, steps=6), workdir)
-  out = capsys.readouterr().out
-  assert "Sample (" in out
-  run_dir = pathlib.Path(workdir)
-  assert json.loads((run_dir / "config.json").read_text())["diffusion"]["process"] == process
-  lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-  assert {l.get("split") for l in lines} >= {"train", "eval"}
-  assert any(p.name.startswith("events") for p in (run_dir / "tensorboard").rglob("*"))
-  assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6]
+    process = "uniform"
+    workdir = str(tmp_path / "run")
+    train.run(tiny_text_config(process, steps=6), workdir)
+    out = capsys.readouterr().out
+    assert "Sample (" in out
+    run_dir = pathlib.Path(workdir)
+    assert json.loads((run_dir / "config.json").read_text())["diffusion"]["process"] == process
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {l.get("split") for l in lines} >= {"train", "eval"}
+    assert any(p.name.startswith("events") for p in (run_dir / "tensorboard").rglob("*"))
+    assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6]
 
-  # The same command with more steps resumes from step 6 instead of restarting.
-  train.run(tiny_text_config(process, steps=9), workdir, sample_at_end=False)
-  assert "Restored checkpoint at step 6" in capsys.readouterr().out
+    # The same command with more steps resumes from step 6 instead of restarting.
+    train.run(tiny_text_config(process, steps=9), workdir, sample_at_end=False)
+    assert "Restored checkpoint at step 6" in capsys.readouterr().out
 
-  exp = experiment.from_workdir(workdir)
-  params, step = experiment.load_params(exp, workdir)
-  assert step == 9
-  texts, result = experiment.sample_texts(exp, params, ["ROMEO:", "JULIET:"], seed=0, max_new_tokens=16)
-  again, _ = experiment.sample_texts(exp, params, ["ROMEO:", "JULIET:"], seed=0, max_new_tokens=16)
-  assert texts == again and len(texts) == 2  # same seed, same output
-  metrics = evaluate.likelihood(workdir, num_batches=2, batch_size=8)
-  assert metrics["bits_per_token"] > 0 and metrics["bits_per_char"] > 0
-  assert metrics["bound"] == "ELBO (upper bound on NLL)"
+    exp = experiment.from_workdir(workdir)
+    params, step = experiment.load_params(exp, workdir)
+    assert step == 9
+    texts, result = experiment.sample_texts(exp, params, ["ROMEO:", "JULIET:"], seed=0, max_new_tokens=16)
+    again, _ = experiment.sample_texts(exp, params, ["ROMEO:", "JULIET:"], seed=0, max_new_tokens=16)
+    assert texts == again and len(texts) == 2  # same seed, same output
+    metrics = evaluate.likelihood(workdir, num_batches=2, batch_size=8)
+    assert metrics["bits_per_token"] > 0 and metrics["bits_per_char"] > 0
+    assert metrics["bound"] == "ELBO (upper bound on NLL)"
 
 
 @pytest.mark.parametrize("process", ["masking", "none"])
 def test_masking_and_autoregressive_runs_train_and_sample(tmp_path, capsys, process):
-  from hackable_diffusion import evaluate, train
+    from hackable_diffusion import evaluate, train
 
-  config = tiny_text_config(process, steps=2)
-  config.train.eval_every = 0
-  config.train.checkpoint_every = 2
-  train.run(config, str(tmp_path))
-  assert "Sample (" + ("autoregressive" if process == "none" else "diffusion") in capsys.readouterr().out
-  metrics = evaluate.likelihood(str(tmp_path), num_batches=1, batch_size=8)
-  assert metrics["bound"] == ("exact NLL" if process == "none" else "ELBO (upper bound on NLL)")
+    config = tiny_text_config(process, steps=2)
+    config.train.eval_every = 0
+    config.train.checkpoint_every = 2
+    train.run(config, str(tmp_path))
+    assert "Sample (" + ("autoregressive" if process == "none" else "diffusion") in capsys.readouterr().out
+    metrics = evaluate.likelihood(str(tmp_path), num_batches=1, batch_size=8)
+    assert metrics["bound"] == ("exact NLL" if process == "none" else "ELBO (upper bound on NLL)")

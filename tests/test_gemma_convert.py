@@ -22,16 +22,16 @@ def _tiny_cfg(**overrides) -> TransformerConfig:
 def _random_gemma_tree(cfg: TransformerConfig, seed: int) -> dict:
     """A gemma-layout tree built from the expected shapes alone (independent of to_gemma)."""
     rng = np.random.default_rng(seed)
-    flat = {path: (rng.standard_normal(s.shape) * 0.2).astype(np.float32)
-            for path, s in gc.gemma_shapes(cfg).items()}
+    flat = {path: (rng.standard_normal(s.shape) * 0.2).astype(np.float32) for path, s in gc.gemma_shapes(cfg).items()}
     return gc.unflatten_tree(flat)
 
 
 def _init(cfg: TransformerConfig, seed: int):
     """Random toolbox params with the structure and shapes of `init_params` (abstract init, no compile)."""
     rng = np.random.default_rng(seed)
-    return gc.unflatten_tree({path: rng.standard_normal(s.shape).astype(s.dtype)
-                              for path, s in gc.toolbox_shapes(cfg).items()})
+    return gc.unflatten_tree(
+        {path: rng.standard_normal(s.shape).astype(s.dtype) for path, s in gc.toolbox_shapes(cfg).items()}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +59,15 @@ def test_orbax_round_trip_forward_and_exact_inverse(cfg, gemma_tree, tmp_path):
 
     params = gc.load_gemma_checkpoint(directory, cfg)
     # Layer n = g * len(pattern) + i sits in slice g of block i: layer 3 is the second global layer.
-    np.testing.assert_array_equal(params["layers"]["block_1"]["attn"]["k_einsum"][1],
-                                  gemma_tree["layer_3"]["attn"]["k_einsum"]["w"])
-    np.testing.assert_array_equal(params["layers"]["block_0"]["moe"]["gating_einsum"][1],
-                                  gemma_tree["layer_2"]["mlp"]["gating_einsum"]["w"])
-    np.testing.assert_array_equal(params["self_conditioner"]["ffw"]["linear"],
-                                  gemma_tree["self_conditioner"]["ffw"]["linear"])
+    np.testing.assert_array_equal(
+        params["layers"]["block_1"]["attn"]["k_einsum"][1], gemma_tree["layer_3"]["attn"]["k_einsum"]["w"]
+    )
+    np.testing.assert_array_equal(
+        params["layers"]["block_0"]["moe"]["gating_einsum"][1], gemma_tree["layer_2"]["mlp"]["gating_einsum"]["w"]
+    )
+    np.testing.assert_array_equal(
+        params["self_conditioner"]["ffw"]["linear"], gemma_tree["self_conditioner"]["ffw"]["linear"]
+    )
 
     model = T.Transformer(cfg)
     tokens = jnp.asarray(np.random.default_rng(0).integers(4, cfg.vocab_size, (2, 6)), jnp.int32)
@@ -89,12 +92,12 @@ def test_toolbox_to_gemma_to_toolbox_is_exact(cfg):
 
 
 def test_missing_leaf_names_gemma_path_and_shape(cfg, gemma_tree):
-    tree = gc.unflatten_tree({p: v for p, v in gc.flatten_tree(gemma_tree).items()
-                              if p != "layer_3/attn/k_einsum/w"})
+    tree = gc.unflatten_tree({p: v for p, v in gc.flatten_tree(gemma_tree).items() if p != "layer_3/attn/k_einsum/w"})
     with pytest.raises(ValueError, match=r"missing the leaf 'layer_3/attn/k_einsum/w'; expected shape \(1, 32, 16\)"):
         gc.from_gemma(tree, cfg)
-    no_sc = gc.unflatten_tree({p: v for p, v in gc.flatten_tree(gemma_tree).items()
-                               if not p.startswith("self_conditioner/ffw")})
+    no_sc = gc.unflatten_tree(
+        {p: v for p, v in gc.flatten_tree(gemma_tree).items() if not p.startswith("self_conditioner/ffw")}
+    )
     with pytest.raises(ValueError, match=r"self_conditioner/ffw/gating_einsum"):
         gc.from_gemma(no_sc, cfg)
 
@@ -140,13 +143,19 @@ def test_rules_are_data(cfg):
     """A renamed and transposed leaf through a custom table, both directions exact."""
     without = tuple(r for r in gc.RULES if r.toolbox != "layers/block_{i}/mlp2/linear")
     rules = without + (
-        gc.Rule("layers/block_{i}/mlp2/linear", "layer_{n}/dense/down_proj", to_gemma=lambda w: w.T,
-                from_gemma=lambda w: w.T),)
+        gc.Rule(
+            "layers/block_{i}/mlp2/linear",
+            "layer_{n}/dense/down_proj",
+            to_gemma=lambda w: w.T,
+            from_gemma=lambda w: w.T,
+        ),
+    )
     params = _init(cfg, 1)
     tree = gc.to_gemma(params, cfg, rules)
     assert tree["layer_2"]["dense"]["down_proj"].shape == (cfg.embed_dim, cfg.ffw_hidden)
-    np.testing.assert_array_equal(tree["layer_2"]["dense"]["down_proj"],
-                                  params["layers"]["block_0"]["mlp2"]["linear"][1].T)
+    np.testing.assert_array_equal(
+        tree["layer_2"]["dense"]["down_proj"], params["layers"]["block_0"]["mlp2"]["linear"][1].T
+    )
     _assert_trees_identical(gc.from_gemma(tree, cfg, rules), params)
     with pytest.raises(ValueError, match=r"No conversion rule for the toolbox parameter 'layers/block_0/mlp2/linear'"):
         gc.to_gemma(params, cfg, without)

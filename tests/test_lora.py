@@ -46,14 +46,18 @@ def _random_params(cfg: TransformerConfig, seed: int):
 def _with_random_b(lora, seed: int):
     rng = np.random.default_rng(seed)
     flat = gc.flatten_tree(lora)
-    return gc.unflatten_tree({p: (rng.standard_normal(v.shape).astype(np.float32) if p.endswith("lora_b") else v)
-                              for p, v in flat.items()})
+    return gc.unflatten_tree(
+        {p: (rng.standard_normal(v.shape).astype(np.float32) if p.endswith("lora_b") else v) for p, v in flat.items()}
+    )
 
 
 def _bits_equal(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
-    return (a.dtype == b.dtype and a.shape == b.shape
-            and np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +82,13 @@ def test_targets_select_exactly_the_expected_leaves(params):
     assert L.LoRA(targets=(r"block_1/attn/q_einsum$",)).targeted_paths(params) == ["layers/block_1/attn/q_einsum"]
     assert L.LoRA(targets=(r"^self_conditioner/",)).targeted_paths(params) == sc
     assert L.LoRA(targets=(r"router",), include_experts=True).targeted_paths(params) == sorted(
-        ["layers/block_0/moe/router_logits", "layers/block_1/moe/router_logits"] + experts)
+        ["layers/block_0/moe/router_logits", "layers/block_1/moe/router_logits"] + experts
+    )
     # Experts are only adapted with include_experts, whatever the regexes say.
     assert L.LoRA(targets=(r"moe/",)).targeted_paths(params) == [
-        "layers/block_0/moe/router_logits", "layers/block_1/moe/router_logits"]
+        "layers/block_0/moe/router_logits",
+        "layers/block_1/moe/router_logits",
+    ]
     with pytest.raises(ValueError, match="only expert weights; set include_experts=True"):
         L.LoRA(targets=(r"moe/linear$",)).targeted_paths(params)
     with pytest.raises(ValueError, match=r"LoRA target 'q_einsm' selects no adaptable weight"):
@@ -109,7 +116,7 @@ def test_zero_b_is_the_base_and_delta_is_scaled_product(params, adapted):
     for (p, a), (_, b) in zip(gc.flatten_tree(params).items(), gc.flatten_tree(merged_init).items()):
         assert _bits_equal(a, b), p
     a_q = np.asarray(init["layers"]["block_0"]["attn"]["q_einsum"]["lora_a"])
-    assert a_q.shape == (2, 32, 2) and np.abs(a_q).max() <= 32 ** -0.5  # +-1/sqrt(fan_in = D)
+    assert a_q.shape == (2, 32, 2) and np.abs(a_q).max() <= 32**-0.5  # +-1/sqrt(fan_in = D)
     s = 3.0
 
     def check(path, equation):
@@ -134,8 +141,9 @@ def test_zero_b_is_the_base_and_delta_is_scaled_product(params, adapted):
     doubled = jax.device_get(jax.jit(L.LoRA(rank=2, alpha=12.0, include_experts=True).merge)(params, lora))
     for path in adapter.targeted_paths(params):
         base = gc.flatten_tree(params)[path]
-        np.testing.assert_allclose(gc.flatten_tree(doubled)[path] - base, 2 * (gc.flatten_tree(merged)[path] - base),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            gc.flatten_tree(doubled)[path] - base, 2 * (gc.flatten_tree(merged)[path] - base), rtol=1e-5, atol=1e-6
+        )
 
 
 # Each weight as the model uses it (x @ W, unstacked) and the same map with LoRA on the fly: (x @ A) @ B.
@@ -174,8 +182,9 @@ def trained(cfg, params):
     """Four AdamW steps on {"base", "lora"} with the base frozen by the optimizer mask (experts adapted too)."""
     model = T.Transformer(cfg)
     adapter = L.LoRA(rank=2, alpha=4.0, include_experts=True)
-    opt_cfg = ml_collections.ConfigDict(dict(name="adamw", peak_lr=1e-2, end_lr=1e-3, warmup_steps=0, total_steps=10,
-                                             weight_decay=0.01, clip_norm=1.0))
+    opt_cfg = ml_collections.ConfigDict(
+        dict(name="adamw", peak_lr=1e-2, end_lr=1e-3, warmup_steps=0, total_steps=10, weight_decay=0.01, clip_norm=1.0)
+    )
     optimizer = optimizers.make_optimizer(opt_cfg, L.trainable_mask)
     loss_fn = L.lora_loss_fn(adapter, AutoregressiveObjective(model))
     step = jax.jit(make_train_step(loss_fn, optimizer, trainable_mask=L.trainable_mask), compiler_options=FAST)
@@ -219,9 +228,14 @@ def test_lora_state_checkpoint_round_trip_and_fused_logits(trained, tmp_path):
     sft.save_params(fused, tmp_path / "fused")
     reloaded = sft.load_params(tmp_path / "fused")
     tokens = jnp.asarray(np.random.default_rng(8).integers(4, model.cfg.vocab_size, (2, 10)), jnp.int32)
-    logits = jax.jit(lambda fused, state: (T.forward(model, fused, tokens)[0],  # sampling: fused weights
-                                           T.forward(model, adapter.merge(state["base"], state["lora"]), tokens)[0],
-                                           T.forward(model, state["base"], tokens)[0]), compiler_options=FAST)
+    logits = jax.jit(
+        lambda fused, state: (
+            T.forward(model, fused, tokens)[0],  # sampling: fused weights
+            T.forward(model, adapter.merge(state["base"], state["lora"]), tokens)[0],
+            T.forward(model, state["base"], tokens)[0],
+        ),
+        compiler_options=FAST,
+    )
     logits_fused, logits_training, logits_base = map(np.asarray, logits(reloaded, restored.params))
     np.testing.assert_allclose(logits_fused, logits_training, rtol=1e-5, atol=1e-5)
     assert np.abs(logits_fused - logits_base).max() > 1e-3  # the adapters act
@@ -232,9 +246,18 @@ def test_logical_axes_shard_lora_like_its_weight(trained):
     names = ("lora", "layers", "block_0", "moe", "gating_einsum")
     assert L.logical_axes(names + ("lora_a",), (2, 4, 32, 2)) == ("layers", "experts", "embed", "lora_rank")
     assert L.logical_axes(names + ("lora_b",), (2, 4, 2, 2, 16)) == (
-        "layers", "experts", "lora_rank", None, "expert_mlp")
+        "layers",
+        "experts",
+        "lora_rank",
+        None,
+        "expert_mlp",
+    )
     assert L.logical_axes(("base", "layers", "block_0", "attn", "q_einsum"), (2, 4, 32, 8)) == (
-        "layers", "heads", "embed", "head_dim")
+        "layers",
+        "heads",
+        "embed",
+        "head_dim",
+    )
     mesh = sharding.make_mesh({"data": 1, "fsdp": 2, "expert": 2, "tensor": 2})
     shardings = sharding.param_shardings(state.params, L.logical_axes, mesh)
     spec = shardings["lora"]["layers"]["block_0"]["moe"]["gating_einsum"]["lora_a"].spec
@@ -255,15 +278,30 @@ def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
     params = _random_params(cfg, 9)
     pre = tmp_path / "pretrain"
     tokenizer.save(pre / "tokenizer")
-    source_diffusion = {"process": "uniform", "excluded_ids": (0, 1, 2, 3), "self_condition_prob": 0.0,
-                        "objective": "pretrain", "canvas_len": 32}
+    source_diffusion = {
+        "process": "uniform",
+        "excluded_ids": (0, 1, 2, 3),
+        "self_condition_prob": 0.0,
+        "objective": "pretrain",
+        "canvas_len": 32,
+    }
     cli.save_config(ml_collections.ConfigDict({"model": shape, "diffusion": source_diffusion}), pre / "config.json")
     saver = checkpointing.Checkpointer(str(pre / "checkpoints"), async_save=False)
     saver.save(7, TrainState.create(params, optax.sgd(0.1), jax.random.key(0)))
     saver.close()
 
-    config = sft.sft_config(model=presets.tiny(), init_kind="toolbox", checkpoint=str(pre), lora_rank=2,
-                            lora_alpha=4.0, steps=2, batch_size=2, prompt_len=16, num_canvases=2, canvas_len=8)
+    config = sft.sft_config(
+        model=presets.tiny(),
+        init_kind="toolbox",
+        checkpoint=str(pre),
+        lora_rank=2,
+        lora_alpha=4.0,
+        steps=2,
+        batch_size=2,
+        prompt_len=16,
+        num_canvases=2,
+        canvas_len=8,
+    )
     config.sft.update(max_examples=32, eval_examples=2, num_devices=1)
     config.train.update(log_every=1, eval_every=0, checkpoint_every=2, fast_compile=True)
     config.optimizer.warmup_steps = 1

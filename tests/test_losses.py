@@ -1,4 +1,5 @@
 """Losses: ELBO closed forms, continuous vs many-step discrete ELBO, UDLM's formula, CE by hand, the enumerable toy."""
+
 import importlib.util
 import math
 import pathlib
@@ -73,13 +74,17 @@ def test_masking_elbo_by_hand_and_mask_logit_is_irrelevant():
     assert np.all(np.asarray(partial) <= np.asarray(got) + 1e-6)
 
 
-@pytest.mark.parametrize("process", [
-    UNIFORM,
-    UNIFORM_EXCLUDING,
-    UniformProcess(vocab_size=V, schedule=CosineSchedule(), excluded_ids=(3,)),
-    MASKING,
-    MaskingProcess(vocab_size=V, schedule=MD4CosineSchedule(), mask_id=0),
-], ids=["uniform", "uniform_excl", "uniform_cosine_excl", "masking", "masking_md4cos"])
+@pytest.mark.parametrize(
+    "process",
+    [
+        UNIFORM,
+        UNIFORM_EXCLUDING,
+        UniformProcess(vocab_size=V, schedule=CosineSchedule(), excluded_ids=(3,)),
+        MASKING,
+        MaskingProcess(vocab_size=V, schedule=MD4CosineSchedule(), mask_id=0),
+    ],
+    ids=["uniform", "uniform_excl", "uniform_cosine_excl", "masking", "masking_md4cos"],
+)
 def test_continuous_elbo_is_the_many_step_limit_of_the_discrete_elbo(process):
     high = V if isinstance(process, UniformProcess) else V - 1
     k_x, k_c, k_l = jax.random.split(jax.random.key(5), 3)
@@ -127,8 +132,13 @@ def test_uniform_elbo_matches_udlm_formula_after_reparameterisation():
         predictions.append(x_theta * likelihood / (x_theta * likelihood).sum())
     x0, xt, t = (np.array(column) for column in zip(*cases))
     with jax.enable_x64(True):
-        got = L.uniform_elbo(jnp.log(jnp.asarray(np.stack(predictions)))[:, None], jnp.asarray(x0)[:, None],
-                             jnp.asarray(xt)[:, None], jnp.asarray(t, jnp.float64), schedule)
+        got = L.uniform_elbo(
+            jnp.log(jnp.asarray(np.stack(predictions)))[:, None],
+            jnp.asarray(x0)[:, None],
+            jnp.asarray(xt)[:, None],
+            jnp.asarray(t, jnp.float64),
+            schedule,
+        )
         np.testing.assert_allclose(got, references, rtol=1e-9, atol=1e-12)
 
 
@@ -182,8 +192,7 @@ def test_reconstruction_copies_unmasked_tokens():
 
 
 def test_canvas_cross_entropy_by_hand():
-    logits = jnp.log(jnp.array([[[0.25, 0.75], [0.5, 0.5], [0.9, 0.1]],
-                                [[0.2, 0.8], [0.6, 0.4], [0.3, 0.7]]]))
+    logits = jnp.log(jnp.array([[[0.25, 0.75], [0.5, 0.5], [0.9, 0.1]], [[0.2, 0.8], [0.6, 0.4], [0.3, 0.7]]]))
     targets = jnp.array([[1, 0, 1], [0, 0, 1]])
     mask = jnp.array([[True, True, False], [False, False, False]])
     got = L.canvas_cross_entropy(logits, targets, mask)

@@ -15,205 +15,213 @@ from hackable_diffusion.models.param_count import count_params
 
 
 def tiny_cfg(**overrides):
-  shape = presets.tiny()
-  # Capacity factor E/k: the sorted dispatch never drops, so incremental and full passes route identically.
-  shape["moe"] = dict(shape["moe"], capacity_factor=2.0)
-  shape.update(overrides)
-  return TransformerConfig.from_dict(shape)
+    shape = presets.tiny()
+    # Capacity factor E/k: the sorted dispatch never drops, so incremental and full passes route identically.
+    shape["moe"] = dict(shape["moe"], capacity_factor=2.0)
+    shape.update(overrides)
+    return TransformerConfig.from_dict(shape)
 
 
 def make(cfg, seed=0):
-  model = T.Transformer(cfg)
-  return model, T.init_params(model, jax.random.key(seed))
+    model = T.Transformer(cfg)
+    return model, T.init_params(model, jax.random.key(seed))
 
 
 def tokens_for(shape, seed=1, vocab=64):
-  return jax.random.randint(jax.random.key(seed), shape, 4, vocab)
+    return jax.random.randint(jax.random.key(seed), shape, 4, vocab)
 
 
 def test_prefill_then_decode_equals_full_causal_forward():
-  model, params = make(tiny_cfg())
-  toks = tokens_for((2, 12))
-  full, _ = T.forward(model, params, toks, causal=True)
-  cache = init_cache(model.cfg, 2, 16)
-  pre, cache = T.append(model, params, toks[:, :9], cache)
-  np.testing.assert_allclose(pre, full[:, :9], atol=2e-5)
-  for i in range(9, 12):  # one-token decode steps
-    step, cache = T.append(model, params, toks[:, i:i + 1], cache)
-    np.testing.assert_allclose(step[:, 0], full[:, i], atol=2e-5)
-  assert int(cache.end_index) == 12
+    model, params = make(tiny_cfg())
+    toks = tokens_for((2, 12))
+    full, _ = T.forward(model, params, toks, causal=True)
+    cache = init_cache(model.cfg, 2, 16)
+    pre, cache = T.append(model, params, toks[:, :9], cache)
+    np.testing.assert_allclose(pre, full[:, :9], atol=2e-5)
+    for i in range(9, 12):  # one-token decode steps
+        step, cache = T.append(model, params, toks[:, i : i + 1], cache)
+        np.testing.assert_allclose(step[:, 0], full[:, i], atol=2e-5)
+    assert int(cache.end_index) == 12
 
 
 def test_padded_batch_prefill_matches_unpadded_rows():
-  """Right-padded prompts of different lengths: pads never attended, positions count real tokens."""
-  model, params = make(tiny_cfg())
-  a, b = tokens_for((1, 5), seed=2), tokens_for((1, 8), seed=3)
-  batch = jnp.concatenate([jnp.pad(a, ((0, 0), (0, 3)), constant_values=0), b], axis=0)
-  mask = jnp.array([[True] * 5 + [False] * 3, [True] * 8])
-  cache = init_cache(model.cfg, 2, 16)
-  _, cache = T.append(model, params, batch, cache, token_mask=mask)
-  nxt = tokens_for((2, 1), seed=4)
-  step, _ = T.append(model, params, nxt, cache)
-  for row, prompt in enumerate([a, b]):
-    alone, _ = T.forward(model, params, jnp.concatenate([prompt, nxt[row:row + 1]], axis=1))
-    np.testing.assert_allclose(step[row, 0], alone[0, -1], atol=2e-5)
+    """Right-padded prompts of different lengths: pads never attended, positions count real tokens."""
+    model, params = make(tiny_cfg())
+    a, b = tokens_for((1, 5), seed=2), tokens_for((1, 8), seed=3)
+    batch = jnp.concatenate([jnp.pad(a, ((0, 0), (0, 3)), constant_values=0), b], axis=0)
+    mask = jnp.array([[True] * 5 + [False] * 3, [True] * 8])
+    cache = init_cache(model.cfg, 2, 16)
+    _, cache = T.append(model, params, batch, cache, token_mask=mask)
+    nxt = tokens_for((2, 1), seed=4)
+    step, _ = T.append(model, params, nxt, cache)
+    for row, prompt in enumerate([a, b]):
+        alone, _ = T.forward(model, params, jnp.concatenate([prompt, nxt[row : row + 1]], axis=1))
+        np.testing.assert_allclose(step[row, 0], alone[0, -1], atol=2e-5)
 
 
 def _prompt_and_canvas(model, params, prompt, prompt_mask, canvas):
-  cache = init_cache(model.cfg, prompt.shape[0], prompt.shape[1] + canvas.shape[1])
-  _, cache = T.append(model, params, prompt, cache, token_mask=prompt_mask)
-  logits, _ = T.decode_block(model, params, canvas, cache)
-  return logits, cache
+    cache = init_cache(model.cfg, prompt.shape[0], prompt.shape[1] + canvas.shape[1])
+    _, cache = T.append(model, params, prompt, cache, token_mask=prompt_mask)
+    logits, _ = T.decode_block(model, params, canvas, cache)
+    return logits, cache
 
 
 def test_decoder_mode_is_bidirectional_and_ignores_prompt_pads():
-  model, params = make(tiny_cfg())
-  prompt = tokens_for((1, 6), seed=5)
-  prompt_mask = jnp.array([[True] * 4 + [False] * 2])
-  canvas = tokens_for((1, 5), seed=6)
-  base, cache = _prompt_and_canvas(model, params, prompt, prompt_mask, canvas)
-  assert int(cache.end_index) == 6  # decoder mode did not write the cache
-  later = canvas.at[0, 4].set((canvas[0, 4] + 1) % 60 + 4)
-  changed, _ = _prompt_and_canvas(model, params, prompt, prompt_mask, later)
-  assert np.abs(changed[0, 0] - base[0, 0]).max() > 1e-4, "canvas token 0 must see later canvas token 4"
-  pad_changed = prompt.at[0, 5].set((prompt[0, 5] + 7) % 60 + 4)
-  same, _ = _prompt_and_canvas(model, params, pad_changed, prompt_mask, canvas)
-  np.testing.assert_array_equal(same, base)
+    model, params = make(tiny_cfg())
+    prompt = tokens_for((1, 6), seed=5)
+    prompt_mask = jnp.array([[True] * 4 + [False] * 2])
+    canvas = tokens_for((1, 5), seed=6)
+    base, cache = _prompt_and_canvas(model, params, prompt, prompt_mask, canvas)
+    assert int(cache.end_index) == 6  # decoder mode did not write the cache
+    later = canvas.at[0, 4].set((canvas[0, 4] + 1) % 60 + 4)
+    changed, _ = _prompt_and_canvas(model, params, prompt, prompt_mask, later)
+    assert np.abs(changed[0, 0] - base[0, 0]).max() > 1e-4, "canvas token 0 must see later canvas token 4"
+    pad_changed = prompt.at[0, 5].set((prompt[0, 5] + 7) % 60 + 4)
+    same, _ = _prompt_and_canvas(model, params, pad_changed, prompt_mask, canvas)
+    np.testing.assert_array_equal(same, base)
 
 
 def test_decoder_mode_matches_full_forward_with_hand_built_mask():
-  model, params = make(tiny_cfg())
-  prompt = tokens_for((2, 6), seed=7)
-  prompt_mask = jnp.array([[True] * 4 + [False] * 2, [True] * 6])
-  canvas = tokens_for((2, 5), seed=8)
-  got, _ = _prompt_and_canvas(model, params, prompt, prompt_mask, canvas)
+    model, params = make(tiny_cfg())
+    prompt = tokens_for((2, 6), seed=7)
+    prompt_mask = jnp.array([[True] * 4 + [False] * 2, [True] * 6])
+    canvas = tokens_for((2, 5), seed=8)
+    got, _ = _prompt_and_canvas(model, params, prompt, prompt_mask, canvas)
 
-  seq = jnp.concatenate([prompt, canvas], axis=1)
-  token_mask = jnp.concatenate([prompt_mask, jnp.ones((2, 5), bool)], axis=1)
-  p, c = 6, 5
-  mask = np.zeros((2, p + c, p + c), bool)
-  for row in range(2):
-    real = np.asarray(token_mask[row])
-    for q in range(p + c):
-      for k in range(p + c):
-        if q < p:
-          mask[row, q, k] = k <= q and real[k]  # prompt: causal over real tokens
-        else:
-          mask[row, q, k] = real[k]  # canvas: every real prompt token and the whole canvas
-  want, _ = T.forward(model, params, seq, token_mask=token_mask, mask=jnp.asarray(mask))
-  np.testing.assert_allclose(got, want[:, p:], atol=2e-5)
+    seq = jnp.concatenate([prompt, canvas], axis=1)
+    token_mask = jnp.concatenate([prompt_mask, jnp.ones((2, 5), bool)], axis=1)
+    p, c = 6, 5
+    mask = np.zeros((2, p + c, p + c), bool)
+    for row in range(2):
+        real = np.asarray(token_mask[row])
+        for q in range(p + c):
+            for k in range(p + c):
+                if q < p:
+                    mask[row, q, k] = k <= q and real[k]  # prompt: causal over real tokens
+                else:
+                    mask[row, q, k] = real[k]  # canvas: every real prompt token and the whole canvas
+    want, _ = T.forward(model, params, seq, token_mask=token_mask, mask=jnp.asarray(mask))
+    np.testing.assert_allclose(got, want[:, p:], atol=2e-5)
 
 
 def test_sliding_window_blocks_far_tokens_on_local_layer():
-  cfg = tiny_cfg(num_layers=1, layer_pattern=("local",), sliding_window=3, moe=None)
-  model, params = make(cfg)
-  toks = tokens_for((1, 10), seed=9)
-  base, _ = T.forward(model, params, toks, causal=False)
-  far = toks.at[0, 2].set((toks[0, 2] + 5) % 60 + 4)  # |9 - 2| = 7 >= 3: no influence on position 9
-  changed, _ = T.forward(model, params, far, causal=False)
-  np.testing.assert_array_equal(changed[0, 9], base[0, 9])
-  np.testing.assert_array_equal(changed[0, 6], base[0, 6])  # |6 - 2| = 4
-  assert np.abs(changed[0, 4] - base[0, 4]).max() > 1e-5  # |4 - 2| = 2 < 3: influence
+    cfg = tiny_cfg(num_layers=1, layer_pattern=("local",), sliding_window=3, moe=None)
+    model, params = make(cfg)
+    toks = tokens_for((1, 10), seed=9)
+    base, _ = T.forward(model, params, toks, causal=False)
+    far = toks.at[0, 2].set((toks[0, 2] + 5) % 60 + 4)  # |9 - 2| = 7 >= 3: no influence on position 9
+    changed, _ = T.forward(model, params, far, causal=False)
+    np.testing.assert_array_equal(changed[0, 9], base[0, 9])
+    np.testing.assert_array_equal(changed[0, 6], base[0, 6])  # |6 - 2| = 4
+    assert np.abs(changed[0, 4] - base[0, 4]).max() > 1e-5  # |4 - 2| = 2 < 3: influence
 
 
 def test_global_layer_sees_beyond_window():
-  cfg = tiny_cfg(num_layers=1, layer_pattern=("global",), sliding_window=3, moe=None)
-  model, params = make(cfg)
-  toks = tokens_for((1, 10), seed=9)
-  base, _ = T.forward(model, params, toks, causal=False)
-  changed, _ = T.forward(model, params, toks.at[0, 2].set((toks[0, 2] + 5) % 60 + 4), causal=False)
-  assert np.abs(changed[0, 9] - base[0, 9]).max() > 1e-5
+    cfg = tiny_cfg(num_layers=1, layer_pattern=("global",), sliding_window=3, moe=None)
+    model, params = make(cfg)
+    toks = tokens_for((1, 10), seed=9)
+    base, _ = T.forward(model, params, toks, causal=False)
+    changed, _ = T.forward(model, params, toks.at[0, 2].set((toks[0, 2] + 5) % 60 + 4), causal=False)
+    assert np.abs(changed[0, 9] - base[0, 9]).max() > 1e-5
 
 
 def test_bf16_compute_with_f32_params_is_close():
-  cfg32 = tiny_cfg()
-  model32, params = make(cfg32)
-  model16 = T.Transformer(dataclasses.replace(cfg32, compute_dtype="bfloat16"))
-  toks = tokens_for((2, 8))
-  a, _ = T.forward(model32, params, toks)
-  b, _ = T.forward(model16, params, toks)
-  assert b.dtype == jnp.float32  # logits come back in f32
-  assert jax.tree.leaves(params)[0].dtype == jnp.float32
-  np.testing.assert_allclose(a, b, atol=0.15)
+    cfg32 = tiny_cfg()
+    model32, params = make(cfg32)
+    model16 = T.Transformer(dataclasses.replace(cfg32, compute_dtype="bfloat16"))
+    toks = tokens_for((2, 8))
+    a, _ = T.forward(model32, params, toks)
+    b, _ = T.forward(model16, params, toks)
+    assert b.dtype == jnp.float32  # logits come back in f32
+    assert jax.tree.leaves(params)[0].dtype == jnp.float32
+    np.testing.assert_allclose(a, b, atol=0.15)
 
 
 def test_remat_matches_values_and_gradients():
-  cfg = tiny_cfg()
-  model, params = make(cfg)
-  remat = T.Transformer(dataclasses.replace(cfg, remat="full"))
-  toks = tokens_for((2, 8))
+    cfg = tiny_cfg()
+    model, params = make(cfg)
+    remat = T.Transformer(dataclasses.replace(cfg, remat="full"))
+    toks = tokens_for((2, 8))
 
-  def loss(m, p):
-    return jnp.mean(T.forward(m, p, toks)[0] ** 2)
+    def loss(m, p):
+        return jnp.mean(T.forward(m, p, toks)[0] ** 2)
 
-  la, ga = jax.value_and_grad(lambda p: loss(model, p))(params)
-  lb, gb = jax.value_and_grad(lambda p: loss(remat, p))(params)
-  np.testing.assert_allclose(la, lb, rtol=1e-6)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), ga, gb)
+    la, ga = jax.value_and_grad(lambda p: loss(model, p))(params)
+    lb, gb = jax.value_and_grad(lambda p: loss(remat, p))(params)
+    np.testing.assert_allclose(la, lb, rtol=1e-6)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), ga, gb)
 
 
 def test_self_conditioning_zero_signal_is_normalised_embedding():
-  cfg = tiny_cfg(self_conditioning=True)
-  model, params = make(cfg)
-  toks = tokens_for((2, 6))
-  zeros = T.model_method(model, params, "null_sc_signal", (2, 6), kind="zeros")
-  emb = T.model_method(model, params, "embed", toks)
-  normed = emb / jnp.sqrt(jnp.mean(emb**2, -1, keepdims=True) + cfg.norm_eps)
-  with_zero_sc, _ = T.forward(model, params, toks, causal=False, sc_signal=zeros)
-  by_hand, _ = T.forward(model, params, toks, causal=False, input_embeddings=normed)
-  np.testing.assert_allclose(with_zero_sc, by_hand, atol=1e-5)
-  mean_sig = T.model_method(model, params, "null_sc_signal", (2, 6), kind="mean_embedding")
-  with_mean, _ = T.forward(model, params, toks, causal=False, sc_signal=mean_sig)
-  assert np.abs(with_mean - with_zero_sc).max() > 1e-4
+    cfg = tiny_cfg(self_conditioning=True)
+    model, params = make(cfg)
+    toks = tokens_for((2, 6))
+    zeros = T.model_method(model, params, "null_sc_signal", (2, 6), kind="zeros")
+    emb = T.model_method(model, params, "embed", toks)
+    normed = emb / jnp.sqrt(jnp.mean(emb**2, -1, keepdims=True) + cfg.norm_eps)
+    with_zero_sc, _ = T.forward(model, params, toks, causal=False, sc_signal=zeros)
+    by_hand, _ = T.forward(model, params, toks, causal=False, input_embeddings=normed)
+    np.testing.assert_allclose(with_zero_sc, by_hand, atol=1e-5)
+    mean_sig = T.model_method(model, params, "null_sc_signal", (2, 6), kind="mean_embedding")
+    with_mean, _ = T.forward(model, params, toks, causal=False, sc_signal=mean_sig)
+    assert np.abs(with_mean - with_zero_sc).max() > 1e-4
 
 
 def test_sharded_forward_equals_unsharded():
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-  from hackable_diffusion.models.partitioning import logical_axes
+    from hackable_diffusion.models.partitioning import logical_axes
 
-  cfg = tiny_cfg(moe=dict(num_experts=4, top_k=2, hidden_dim=16, dispatch="sorted", capacity_factor=2.0))
-  model, params = make(cfg)
-  toks = tokens_for((4, 8))
-  want, _ = T.forward(model, params, toks)
-  mesh = Mesh(np.array(jax.devices()[:8]).reshape(1, 2, 2, 2), ("data", "fsdp", "expert", "tensor"))
-  rules = {"embed": "fsdp", "heads": "tensor", "mlp": "tensor", "experts": "expert", "expert_mlp": "tensor",
-           "vocab": "tensor"}
+    cfg = tiny_cfg(moe=dict(num_experts=4, top_k=2, hidden_dim=16, dispatch="sorted", capacity_factor=2.0))
+    model, params = make(cfg)
+    toks = tokens_for((4, 8))
+    want, _ = T.forward(model, params, toks)
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(1, 2, 2, 2), ("data", "fsdp", "expert", "tensor"))
+    rules = {
+        "embed": "fsdp",
+        "heads": "tensor",
+        "mlp": "tensor",
+        "experts": "expert",
+        "expert_mlp": "tensor",
+        "vocab": "tensor",
+    }
 
-  def place(path, x):
-    names = [getattr(k, "key", str(k)) for k in path]
-    spec = [rules.get(a) if a else None for a in logical_axes(names, x.shape)]
-    spec = [s if s and x.shape[i] % mesh.shape[s] == 0 else None for i, s in enumerate(spec)]
-    return jax.device_put(x, NamedSharding(mesh, P(*spec)))
+    def place(path, x):
+        names = [getattr(k, "key", str(k)) for k in path]
+        spec = [rules.get(a) if a else None for a in logical_axes(names, x.shape)]
+        spec = [s if s and x.shape[i] % mesh.shape[s] == 0 else None for i, s in enumerate(spec)]
+        return jax.device_put(x, NamedSharding(mesh, P(*spec)))
 
-  sharded = jax.tree_util.tree_map_with_path(place, params)
-  assert any(len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated
-             for x in jax.tree.leaves(sharded))
-  batch = jax.device_put(toks, NamedSharding(mesh, P(("data", "fsdp"))))
-  got, _ = jax.jit(lambda p, t: T.forward(model, p, t))(sharded, batch)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=3e-5)
+    sharded = jax.tree_util.tree_map_with_path(place, params)
+    assert any(len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated for x in jax.tree.leaves(sharded))
+    batch = jax.device_put(toks, NamedSharding(mesh, P(("data", "fsdp"))))
+    got, _ = jax.jit(lambda p, t: T.forward(model, p, t))(sharded, batch)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=3e-5)
 
 
-@pytest.mark.parametrize("overrides, field", [
-    (dict(num_heads=4, num_kv_heads=3), "num_kv_heads"),
-    (dict(global_num_kv_heads=3), "global_num_kv_heads"),
-    (dict(sliding_window=0), "sliding_window"),
-    (dict(num_layers=3), "layer_pattern"),
-    (dict(layer_pattern=("local", "banana")), "layer_pattern"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(num_heads=4, num_kv_heads=3), "num_kv_heads"),
+        (dict(global_num_kv_heads=3), "global_num_kv_heads"),
+        (dict(sliding_window=0), "sliding_window"),
+        (dict(num_layers=3), "layer_pattern"),
+        (dict(layer_pattern=("local", "banana")), "layer_pattern"),
+    ],
+)
 def test_impossible_configs_name_the_field(overrides, field):
-  with pytest.raises(ValueError, match=field):
-    tiny_cfg(**overrides)
+    with pytest.raises(ValueError, match=field):
+        tiny_cfg(**overrides)
 
 
 def test_moe_config_errors_and_unknown_keys():
-  with pytest.raises(ValueError, match="top_k"):
-    MoEConfig(num_experts=4, top_k=5, hidden_dim=8)
-  with pytest.raises(ValueError, match="num_kv_heads"):
-    TransformerConfig.from_dict(dict(presets.tiny(), num_kv_head=2))
+    with pytest.raises(ValueError, match="top_k"):
+        MoEConfig(num_experts=4, top_k=5, hidden_dim=8)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        TransformerConfig.from_dict(dict(presets.tiny(), num_kv_head=2))
 
 
 def test_26b_a4b_parameter_count():
-  counts = count_params(TransformerConfig.from_dict(presets.diffusiongemma_26b_a4b()))
-  assert abs(counts["total_params"] / 25.2e9 - 1) < 0.005
-  assert abs(counts["active_params_per_token"] / 3.8e9 - 1) < 0.03
+    counts = count_params(TransformerConfig.from_dict(presets.diffusiongemma_26b_a4b()))
+    assert abs(counts["total_params"] / 25.2e9 - 1) < 0.005
+    assert abs(counts["active_params_per_token"] / 3.8e9 - 1) < 0.03

@@ -63,8 +63,7 @@ def test_dispatch_matches_per_token_reference(name):
     ids, w = _random_routing(jax.random.key(2))
     dispatch = moe.SortedDispatch(capacity_factor=float(E)) if name == "sorted" else moe.DISPATCHES[name]()
     y, dropped = jax.jit(dispatch)(x, ids, w, params["gating"], params["linear"], params["per_expert_scale"])
-    ref = np.stack([_reference_token(np.asarray(x[t]), np.asarray(ids[t]), np.asarray(w[t]), params)
-                    for t in range(T)])
+    ref = np.stack([_reference_token(np.asarray(x[t]), np.asarray(ids[t]), np.asarray(w[t]), params) for t in range(T)])
     assert int(dropped) == 0
     assert _rel_err(y, ref) < 1e-5
 
@@ -128,7 +127,7 @@ def test_sorted_first_choices_have_priority_over_second_choices():
     # All 2*T assignments target experts 0 and 1; capacity exactly T per expert would keep everything, so use
     # C = T/2: with choice-major priority, expert 0's slots go to the first T/2 first choices.
     ids = jnp.stack([jnp.zeros(T, jnp.int32), jnp.ones(T, jnp.int32)], axis=1)
-    ids = ids.at[T // 2:].set(ids[T // 2:, ::-1])  # second half: first choice 1, second choice 0
+    ids = ids.at[T // 2 :].set(ids[T // 2 :, ::-1])  # second half: first choice 1, second choice 0
     params = _params(jax.random.key(9))
     x = jax.random.normal(jax.random.key(10), (T, D))
     w = jnp.full((T, K), 0.5)
@@ -153,8 +152,11 @@ def test_padding_expert_id_is_ignored_by_every_dispatch():
     ids_p = jnp.where(pad[:, None], E, ids)
     w_p = jnp.where(pad[:, None], 0.0, w)
     outs = {}
-    for name, dispatch in [("dense", moe.DenseDispatch()), ("sorted", moe.SortedDispatch(1.0)),
-                           ("ragged", moe.RaggedDispatch())]:
+    for name, dispatch in [
+        ("dense", moe.DenseDispatch()),
+        ("sorted", moe.SortedDispatch(1.0)),
+        ("ragged", moe.RaggedDispatch()),
+    ]:
         y, dropped = jax.jit(dispatch)(x, ids_p, w_p, params["gating"], params["linear"], params["per_expert_scale"])
         assert np.all(np.asarray(y)[np.asarray(pad)] == 0.0)
         outs[name] = (np.asarray(y), int(dropped))
@@ -411,6 +413,7 @@ def test_batched_and_unrolled_expert_paths_agree(monkeypatch):
         def loss(x, p):
             y, _ = moe.SortedDispatch(float(E))(x, ids, w, p["gating"], p["linear"], p["per_expert_scale"])
             return jnp.sum(jnp.sin(y)), y
+
         return jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(x, params)
 
     grads_unrolled, y_unrolled = value_and_grads()

@@ -22,8 +22,12 @@ CELL_TIMEOUT_S = 600  # per cell; generous because the machine running the suite
 
 
 def kernel_env(out_dir: pathlib.Path) -> dict[str, str]:
-    env = dict(os.environ, HD_NOTEBOOK_QUICK="1", HD_NOTEBOOK_OUT=str(out_dir),
-               MPLBACKEND="module://matplotlib_inline.backend_inline")  # plots inline even if MPLBACKEND=Agg
+    env = dict(
+        os.environ,
+        HD_NOTEBOOK_QUICK="1",
+        HD_NOTEBOOK_OUT=str(out_dir),
+        MPLBACKEND="module://matplotlib_inline.backend_inline",
+    )  # plots inline even if MPLBACKEND=Agg
     # conftest.py simulates 8 CPU devices for the mesh tests; the notebook runs as a user would, on one device.
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")).strip()
     if flags:
@@ -38,31 +42,42 @@ def test_python3_kernel_is_this_interpreter():
 
     spec = KernelSpecManager().get_kernel_spec("python3")
     assert spec.argv[0] in ("python", "python3", sys.executable), (
-        f"the python3 kernelspec at {spec.resource_dir} runs {spec.argv[0]!r}, not this interpreter")
+        f"the python3 kernelspec at {spec.resource_dir} runs {spec.argv[0]!r}, not this interpreter"
+    )
 
 
 def test_notebook_is_stored_without_outputs():
     nb = nbformat.read(PLAYGROUND, as_version=4)
     nbformat.validate(nb)
-    dirty = [i for i, cell in enumerate(nb.cells)
-             if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)]
+    dirty = [
+        i
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)
+    ]
     assert not dirty, f"clear the outputs of cells {dirty} before saving {PLAYGROUND.name}"
 
 
 def test_sampler_playground_runs_headless(tmp_path):
     nb = nbformat.read(PLAYGROUND, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(REPO_ROOT)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}}
+    )
     client.execute(env=kernel_env(tmp_path))  # raises CellExecutionError on the first failing cell
 
-    text = "\n".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
-                     for out in cell.outputs if out.output_type == "stream")
+    text = "\n".join(
+        out.get("text", "")
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if out.output_type == "stream"
+    )
     assert "QUICK=True" in text
 
     plot = tmp_path / "sampler_playground.png"
     assert plot.is_file() and plot.read_bytes().startswith(b"\x89PNG"), "the notebook did not save its plot"
-    assert any("image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
-               for out in cell.outputs), "the plot was not shown inline"
+    assert any(
+        "image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+    ), "the plot was not shown inline"
 
     table = (tmp_path / "sampler_playground.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| setting")]

@@ -1,4 +1,5 @@
 """Noise processes: corruption marginals (binomial tests), fixed positions, priors, exact posteriors by enumeration."""
+
 import itertools
 
 import jax
@@ -58,10 +59,13 @@ def test_clean_excluded_token_is_corrupted_into_allowed_tokens_only():
     assert _within_sigmas(int((xt != 1).sum()), NUM_TOKENS, float(1 - process.schedule(0.6)))
 
 
-@pytest.mark.parametrize("process", [
-    MaskingProcess(vocab_size=9, schedule=LinearSchedule(eps=0.0), mask_id=0),
-    UniformProcess(vocab_size=9, schedule=LinearSchedule(eps=0.0), excluded_ids=(8,)),
-])
+@pytest.mark.parametrize(
+    "process",
+    [
+        MaskingProcess(vocab_size=9, schedule=LinearSchedule(eps=0.0), mask_id=0),
+        UniformProcess(vocab_size=9, schedule=LinearSchedule(eps=0.0), excluded_ids=(8,)),
+    ],
+)
 def test_fixed_positions_are_never_corrupted(process):
     key_x, key_f, key_c = jax.random.split(jax.random.key(4), 3)
     x0 = jax.random.randint(key_x, (4, 512), 1, 8)
@@ -168,8 +172,12 @@ def test_predicted_posterior_is_the_exact_reverse_step_for_the_true_x0_posterior
     observed = [i for i in range(V) if (p0 @ q_t)[i] > 1e-9]
     true_x0_posterior = np.stack([p0 * q_t[:, i] / (p0 @ q_t[:, i]) for i in observed])  # p(x0 | x_t = i)
     true_reverse = np.stack([(p0 @ q_s) * step[:, i] / (p0 @ q_t[:, i]) for i in observed])  # p(x_s | x_t = i)
-    got = process.posterior_probs(jnp.array([observed]), jnp.asarray(true_x0_posterior, jnp.float32)[None],
-                                  jnp.array([S_TIME]), jnp.array([T_TIME]))[0]
+    got = process.posterior_probs(
+        jnp.array([observed]),
+        jnp.asarray(true_x0_posterior, jnp.float32)[None],
+        jnp.array([S_TIME]),
+        jnp.array([T_TIME]),
+    )[0]
     np.testing.assert_allclose(got, true_reverse, atol=2e-6)
 
 
@@ -178,15 +186,21 @@ def test_predicted_posterior_is_the_mixture_of_consistent_one_hot_posteriors(pro
     rng = np.random.default_rng(1)
     q_t = _marginal_matrix(process, T_TIME)
     probs = rng.dirichlet(np.ones(V), size=V)  # arbitrary predictions, one per observed token
-    got = np.asarray(process.posterior_probs(jnp.arange(V)[None], jnp.asarray(probs, jnp.float32)[None],
-                                             jnp.array([S_TIME]), jnp.array([T_TIME]))[0])
+    got = np.asarray(
+        process.posterior_probs(
+            jnp.arange(V)[None], jnp.asarray(probs, jnp.float32)[None], jnp.array([S_TIME]), jnp.array([T_TIME])
+        )[0]
+    )
     np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-6)
     for i in range(V):
         consistent = [y for y in _clean_values(process) if q_t[y, i] > 1e-9]
         weights = probs[i, consistent] / probs[i, consistent].sum()
-        one_hots = process.posterior_probs(jnp.full((1, len(consistent)), i),
-                                           jax.nn.one_hot(jnp.array([consistent]), V),
-                                           jnp.array([S_TIME]), jnp.array([T_TIME]))[0]
+        one_hots = process.posterior_probs(
+            jnp.full((1, len(consistent)), i),
+            jax.nn.one_hot(jnp.array([consistent]), V),
+            jnp.array([S_TIME]),
+            jnp.array([T_TIME]),
+        )[0]
         np.testing.assert_allclose(got[i], weights @ np.asarray(one_hots), atol=2e-6)
 
 

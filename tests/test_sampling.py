@@ -20,8 +20,15 @@ from hackable_diffusion.sampling import early_stopping as E
 from hackable_diffusion.sampling import selection as S
 from hackable_diffusion.sampling import temperature as TEMP
 from hackable_diffusion.sampling.canvas import DiffusionSampler, canvas_logits, denoise_canvas
-from hackable_diffusion.sampling.generate import (ARSampling, commit_canvas, generate, generate_ar, pad_prompts,
-                                                  prefill, truncate_at_stop)
+from hackable_diffusion.sampling.generate import (
+    ARSampling,
+    commit_canvas,
+    generate,
+    generate_ar,
+    pad_prompts,
+    prefill,
+    truncate_at_stop,
+)
 
 # Jitted model calls (an eager linen pass over a scanned model is far slower than compiling it once).
 forward = jax.jit(T.forward, static_argnums=0, static_argnames=("causal",))
@@ -38,7 +45,8 @@ def model_and_params():
     params = jax.jit(lambda key: T.init_params(model, key))(jax.random.key(0))
     # Sharper predictions than a fresh init, so entropies and confidences are not all near their maxima.
     params = jax.tree_util.tree_map_with_path(
-        lambda path, x: x * 8.0 if "embedder" in jax.tree_util.keystr(path) else x, params)
+        lambda path, x: x * 8.0 if "embedder" in jax.tree_util.keystr(path) else x, params
+    )
     return model, params
 
 
@@ -101,11 +109,19 @@ def test_canvas_logits_equal_full_forward_with_hand_built_mask(model_and_params)
             for k in range(p + CANVAS):
                 visible = k <= q if q < p else True  # prompt causal; canvas sees every prompt token and itself
                 mask[row, q, k] = visible and token_mask[row, k]
-    embeddings = jax.jit(lambda p, c, x: jnp.concatenate([T.model_method(model, params, "embed", p),
-                                                          _self_condition(model, params, c, x)], axis=1))(
-        prompt, canvas, sc)
-    want, _ = forward(model, params, jnp.concatenate([prompt, canvas], axis=1), token_mask=jnp.asarray(token_mask),
-                        mask=jnp.asarray(mask), input_embeddings=embeddings)
+    embeddings = jax.jit(
+        lambda p, c, x: jnp.concatenate(
+            [T.model_method(model, params, "embed", p), _self_condition(model, params, c, x)], axis=1
+        )
+    )(prompt, canvas, sc)
+    want, _ = forward(
+        model,
+        params,
+        jnp.concatenate([prompt, canvas], axis=1),
+        token_mask=jnp.asarray(token_mask),
+        mask=jnp.asarray(mask),
+        input_embeddings=embeddings,
+    )
     np.testing.assert_allclose(got, want[:, p:], atol=3e-5)
 
 
@@ -130,8 +146,9 @@ def test_commit_then_next_canvas_equals_prefill_of_prompt_and_canvas(model_and_p
         np.testing.assert_allclose(a["v"], b["v"], atol=3e-5)
     nxt = jnp.array([[40, 41, 42, 43], [44, 45, 46, 47]])
     sc = some_sc_signal(model, params, 3)
-    np.testing.assert_allclose(canvas_logits(model, params, committed, nxt, sc),
-                               canvas_logits(model, params, prefilled, nxt, sc), atol=3e-5)
+    np.testing.assert_allclose(
+        canvas_logits(model, params, committed, nxt, sc), canvas_logits(model, params, prefilled, nxt, sc), atol=3e-5
+    )
     # Row 0 holds 4 prompt + 2 canvas tokens, row 1 6 + 4: the next canvas continues each row's own count.
     np.testing.assert_array_equal(committed.next_positions(), [6, 10])
 
@@ -141,10 +158,16 @@ def test_commit_then_next_canvas_equals_prefill_of_prompt_and_canvas(model_and_p
 # ---------------------------------------------------------------------------------------------------------------------
 
 # Four positions with entropies (nats) ~0, 0.056, 0.693 and log 4 = 1.386 over a 4-token vocabulary.
-PROBS = np.array([[[1 - 3e-9, 1e-9, 1e-9, 1e-9],
-                   [0.99, 0.01 - 2e-9, 1e-9, 1e-9],
-                   [0.5, 0.5 - 2e-9, 1e-9, 1e-9],
-                   [0.25, 0.25, 0.25, 0.25]]])
+PROBS = np.array(
+    [
+        [
+            [1 - 3e-9, 1e-9, 1e-9, 1e-9],
+            [0.99, 0.01 - 2e-9, 1e-9, 1e-9],
+            [0.5, 0.5 - 2e-9, 1e-9, 1e-9],
+            [0.25, 0.25, 0.25, 0.25],
+        ]
+    ]
+)
 KEYS1 = jax.random.split(jax.random.key(0), 1)
 
 
@@ -181,10 +204,19 @@ def test_confidence_threshold_accepts_confident_positions_and_always_progresses(
 
 
 def test_top_k_scores_and_counts():
-    probs = np.array([[[0.6, 0.4, 0.0, 0.0],  # confidence 0.6, margin 0.2
-                       [0.5, 0.1, 0.05, 0.35],  # confidence 0.5, margin 0.15
-                       [0.45, 0.05, 0.05, 0.45],  # margin 0
-                       [0.9, 0.1, 0.0, 0.0]]]) + 1e-12  # confidence 0.9, margin 0.8
+    probs = (
+        np.array(
+            [
+                [
+                    [0.6, 0.4, 0.0, 0.0],  # confidence 0.6, margin 0.2
+                    [0.5, 0.1, 0.05, 0.35],  # confidence 0.5, margin 0.15
+                    [0.45, 0.05, 0.05, 0.45],  # margin 0
+                    [0.9, 0.1, 0.0, 0.0],
+                ]
+            ]
+        )
+        + 1e-12
+    )  # confidence 0.9, margin 0.8
     logits = logits_from_probs(probs)
     cand = jnp.zeros((1, 4), jnp.int32)
     undecided = jnp.ones((1, 4), bool)
@@ -193,8 +225,7 @@ def test_top_k_scores_and_counts():
         def __call__(self, n, info):
             return jnp.minimum(2, n)
 
-    for score, expected in [(S.Confidence(), [1, 0, 0, 1]), (S.Margin(), [1, 0, 0, 1]),
-                            (S.NegEntropy(), [1, 0, 0, 1])]:
+    for score, expected in [(S.Confidence(), [1, 0, 0, 1]), (S.Margin(), [1, 0, 0, 1]), (S.NegEntropy(), [1, 0, 0, 1])]:
         accept, _ = S.TopK(score=score, count=Two())(KEYS1, logits, cand, undecided, info())
         np.testing.assert_array_equal(accept[0], np.array(expected, bool), err_msg=str(score))
     np.testing.assert_allclose(S.Margin()(logits, cand)[0], [0.2, 0.15, 0.0, 0.8], atol=1e-6)
@@ -284,12 +315,14 @@ def test_early_stopping_rules_per_row():
     np.testing.assert_array_equal(E.TokenStability()(logits, previous, current, free), [True, True])
     np.testing.assert_array_equal(E.TokenStability(against="output")(logits, previous, current, free), [False, True])
     np.testing.assert_array_equal(E.EntropyBelow(0.005)(logits, previous, current, free), [True, False])
-    np.testing.assert_array_equal(E.Chained([E.TokenStability(), E.EntropyBelow()])(logits, previous, current, free),
-                                  [True, False])
+    np.testing.assert_array_equal(
+        E.Chained([E.TokenStability(), E.EntropyBelow()])(logits, previous, current, free), [True, False]
+    )
     # Fixed positions do not count: row 0 disagrees only at a fixed position.
     np.testing.assert_array_equal(
         E.TokenStability()(logits, jnp.array([[0, 3], [1, 1]]), current, jnp.array([[True, False], [True, True]])),
-        [True, False])
+        [True, False],
+    )
     assert not E.NoEarlyStop()(logits, previous, current, free).any()
     with pytest.raises(ValueError, match="non-empty"):
         E.Chained(())
@@ -333,8 +366,9 @@ def test_early_stopping_stops_rows_independently_and_freezes_finished_rows(model
     fixed = jnp.array([[False, True, False, False]] * 2)
     init = init.at[:, 1].set(17)
     keys = jax.random.split(jax.random.key(4), 2)
-    result = denoise_canvas(model, params, prefix_cache, init, keys, sampler=sampler, fixed=fixed,
-                            return_trajectory=True)
+    result = denoise_canvas(
+        model, params, prefix_cache, init, keys, sampler=sampler, fixed=fixed, return_trajectory=True
+    )
     traj = np.asarray(result.trajectory)
     steps = np.asarray(result.steps)
     assert len(set(steps.tolist())) > 1, f"rows should stop at different steps with this seed, got {steps}"
@@ -348,11 +382,21 @@ def test_early_stopping_stops_rows_independently_and_freezes_finished_rows(model
     assert int(result.forward_passes) == steps.max()
     assert (traj[:, :, 1] == 17).all()  # a fixed position never changes
 
-    again = denoise_canvas(model, params, prefix_cache, init, keys, sampler=sampler, fixed=fixed,
-                           return_trajectory=True)
+    again = denoise_canvas(
+        model, params, prefix_cache, init, keys, sampler=sampler, fixed=fixed, return_trajectory=True
+    )
     np.testing.assert_array_equal(again.canvas, result.canvas)  # same key, same output
-    inactive = denoise_canvas(model, params, prefix_cache, init, keys, sampler=sampler, fixed=fixed,
-                              active=jnp.array([True, False]), return_trajectory=True)
+    inactive = denoise_canvas(
+        model,
+        params,
+        prefix_cache,
+        init,
+        keys,
+        sampler=sampler,
+        fixed=fixed,
+        active=jnp.array([True, False]),
+        return_trajectory=True,
+    )
     np.testing.assert_array_equal(inactive.canvas[1], init[1])
     assert int(inactive.steps[1]) == 0
     np.testing.assert_array_equal(inactive.canvas[0], result.canvas[0])  # other rows do not notice
@@ -363,8 +407,9 @@ def test_masking_sampler_never_changes_committed_tokens_and_threshold_progresses
     sampler = masking_sampler(S.ConfidenceThreshold(tau=0.99), early_stopping=E.NoEarlyStop(), num_steps=8)
     fixed = jnp.array([[False, True, False, False], [False] * 4])
     init = jnp.where(fixed, 21, sampler.initial_canvas(jax.random.key(5), 2))
-    result = denoise_canvas(model, params, prefix_cache, init, jax.random.key(6), sampler=sampler, fixed=fixed,
-                            return_trajectory=True)
+    result = denoise_canvas(
+        model, params, prefix_cache, init, jax.random.key(6), sampler=sampler, fixed=fixed, return_trajectory=True
+    )
     traj = np.concatenate([np.asarray(init)[None], np.asarray(result.trajectory)])
     assert not (np.asarray(result.canvas) == MASK_ID).any()  # everything unmasked
     assert (traj[:, np.asarray(fixed)] == 21).all()
@@ -387,8 +432,9 @@ def test_generate_errors_never_wrap(model_and_params):
     with pytest.raises(ValueError, match="cache slots"):
         generate(model, params, PROMPTS, sampler=sampler, key=0, max_new_tokens=8, cache_length=8)
     with pytest.raises(ValueError, match="cache slots"):  # a canvas longer than the whole context
-        generate(model, params, PROMPTS, sampler=sampler.replace(canvas_length=64), key=0, max_new_tokens=8,
-                 cache_length=32)
+        generate(
+            model, params, PROMPTS, sampler=sampler.replace(canvas_length=64), key=0, max_new_tokens=8, cache_length=32
+        )
     with pytest.raises(ValueError, match=r"rows \[1\] have no real token"):
         generate(model, params, [[BOS_ID, 4], []], sampler=sampler, key=0, max_new_tokens=8)
     with pytest.raises(ValueError, match="empty prompt"):
@@ -401,8 +447,7 @@ def test_generate_errors_never_wrap(model_and_params):
         generate(model, params, PROMPTS, sampler=sampler, key=jax.random.split(jax.random.key(0), 3), max_new_tokens=8)
     no_sc_model = T.Transformer(model.cfg.replace(self_conditioning=False))
     with pytest.raises(ValueError, match="no self-conditioner"):
-        generate(no_sc_model, params, PROMPTS, sampler=sampler.replace(self_conditioning=True), key=0,
-                 max_new_tokens=8)
+        generate(no_sc_model, params, PROMPTS, sampler=sampler.replace(self_conditioning=True), key=0, max_new_tokens=8)
     with pytest.raises(ValueError, match="num_steps"):
         sampler.replace(num_steps=0)
 
@@ -427,7 +472,7 @@ def test_generate_stops_rows_independently_with_fixed_positions(batch_run):
     tokens = result.tokens
     assert tokens.shape == (2, 10)
     first_eos = np.flatnonzero(tokens[0] == EOS_ID)[0]
-    assert first_eos <= 5 and (tokens[0, first_eos + 1:] == PAD_ID).all()
+    assert first_eos <= 5 and (tokens[0, first_eos + 1 :] == PAD_ID).all()
     assert result.lengths[0] == first_eos + 1
     assert result.steps.shape == (2, 3) and result.steps[0, 2] == 0  # row 0 was done before canvas 2
     assert (result.steps[1] >= 1).all()
@@ -442,11 +487,12 @@ def test_same_prompt_alone_and_in_a_padded_batch_give_the_same_tokens(model_and_
     keys, fixed, given, kwargs, result = batch_run
     alone = generate(model, params, [PROMPTS[0]], key=keys[0:1], fixed=fixed[:1], fixed_tokens=given[:1], **kwargs)
     np.testing.assert_array_equal(alone.tokens[0], result.tokens[0])
-    np.testing.assert_array_equal(alone.steps[0], result.steps[0, :alone.num_canvases])
+    np.testing.assert_array_equal(alone.steps[0], result.steps[0, : alone.num_canvases])
     again = generate(model, params, PROMPTS, key=keys, fixed=fixed, fixed_tokens=given, **kwargs)
     np.testing.assert_array_equal(again.tokens, result.tokens)  # same seed, same output
-    other = generate(model, params, PROMPTS, key=jax.random.split(jax.random.key(8), 2), fixed=fixed,
-                     fixed_tokens=given, **kwargs)
+    other = generate(
+        model, params, PROMPTS, key=jax.random.split(jax.random.key(8), 2), fixed=fixed, fixed_tokens=given, **kwargs
+    )
     assert (other.tokens != result.tokens).any()
 
 
@@ -454,10 +500,18 @@ def test_short_cache_stops_before_a_canvas_that_would_not_fit(model_and_params, 
     model, params = model_and_params
     keys, fixed, given, kwargs, result = batch_run
     # The cache of the batch run (16 slots for prompt 4 + 3 canvases); ask for far more tokens than fit.
-    alone = generate(model, params, [PROMPTS[0]], key=keys[0:1], sampler=kwargs["sampler"], max_new_tokens=40,
-                     cache_length=4 + 3 * CANVAS, stop_tokens=())
+    alone = generate(
+        model,
+        params,
+        [PROMPTS[0]],
+        key=keys[0:1],
+        sampler=kwargs["sampler"],
+        max_new_tokens=40,
+        cache_length=4 + 3 * CANVAS,
+        stop_tokens=(),
+    )
     assert alone.num_canvases == 3 and int(alone.cache.end_index) == 4 + 3 * CANVAS
-    assert (alone.tokens[0, 3 * CANVAS:] == PAD_ID).all() and alone.lengths[0] == 3 * CANVAS
+    assert (alone.tokens[0, 3 * CANVAS :] == PAD_ID).all() and alone.lengths[0] == 3 * CANVAS
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -475,7 +529,7 @@ def test_ar_greedy_with_cache_equals_argmax_of_full_forwards(model_and_params):
     seqs, seq_mask = pad_prompts([prompt + result.tokens[row].tolist() for row, prompt in enumerate(PROMPTS)])
     logits, _ = forward(model, params, seqs, token_mask=seq_mask, causal=True)
     for row, prompt in enumerate(PROMPTS):
-        want = np.asarray(jnp.argmax(logits[row, len(prompt) - 1:len(prompt) - 1 + new], axis=-1))
+        want = np.asarray(jnp.argmax(logits[row, len(prompt) - 1 : len(prompt) - 1 + new], axis=-1))
         np.testing.assert_array_equal(result.tokens[row], want)
     # Per-row stop: stop at a token row 0 produces; its later tokens become PAD, row 1 is unaffected unless it too
     # produces that token.

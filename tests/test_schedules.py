@@ -1,4 +1,5 @@
 """Schedules: endpoints, monotonicity, exact derivatives, closed forms; time samplers: range and stratification."""
+
 import math
 
 import jax
@@ -121,12 +122,15 @@ def test_invalid_parameters_raise():
         S.Schedule()  # abstract
 
 
-@pytest.mark.parametrize("sampler, low, high", [
-    (S.UniformTimeSampler(), 0.0, 1.0),
-    (S.UniformTimeSampler(t_min=1e-4, t_max=1 - 1e-4), 1e-4, 1 - 1e-4),
-    (S.AntitheticTimeSampler(t_min=0.1, t_max=0.6), 0.1, 0.6),
-    (S.ClippedUniformTimeSampler(beta=0.45, omega=0.95), 0.45, 0.95),
-])
+@pytest.mark.parametrize(
+    "sampler, low, high",
+    [
+        (S.UniformTimeSampler(), 0.0, 1.0),
+        (S.UniformTimeSampler(t_min=1e-4, t_max=1 - 1e-4), 1e-4, 1 - 1e-4),
+        (S.AntitheticTimeSampler(t_min=0.1, t_max=0.6), 0.1, 0.6),
+        (S.ClippedUniformTimeSampler(beta=0.45, omega=0.95), 0.45, 0.95),
+    ],
+)
 def test_time_samplers_stay_in_range_and_are_deterministic(sampler, low, high):
     key = jax.random.key(3)
     t = np.asarray(sampler(key, 4096))

@@ -361,8 +361,9 @@ def test_metrics_hand_made(kaggle):
 def test_metrics_empty_buckets_and_alternative_solutions(kaggle):
     found = next(f for f in map(_rectangle_puzzle, kaggle["solutions"]) if f is not None)
     puzzle, other = found
-    solution = kaggle["solutions"][[i for i, s in enumerate(kaggle["solutions"])
-                                    if sudoku.respects_givens(s, puzzle)][0]]
+    solution = kaggle["solutions"][
+        [i for i, s in enumerate(kaggle["solutions"]) if sudoku.respects_givens(s, puzzle)][0]
+    ]
     out = sudoku_metrics.sudoku_metrics(other[None], puzzle[None], solution[None])
     assert out["accuracy"] == 0.0 and out["valid_accuracy"] == 1.0  # another solution of an ambiguous puzzle
     assert out["exact_mask_accuracy"] == 1.0 and out["blank_accuracy"] == 0.0
@@ -371,7 +372,8 @@ def test_metrics_empty_buckets_and_alternative_solutions(kaggle):
     assert out["sudoku_count_hard"] == 0 and out["cell_accuracy_hard"] is None
     json.dumps(out, allow_nan=False)
     custom = sudoku_metrics.SudokuAllMetrics(easy_min_givens=81, medium_min_givens=70)(
-        other[None], puzzle[None], solution[None])
+        other[None], puzzle[None], solution[None]
+    )
     assert custom["sudoku_count_medium"] == 1
     with pytest.raises(ValueError, match="same shape"):
         sudoku_metrics.sudoku_metrics(other[None], puzzle[None], np.stack([solution, solution]))

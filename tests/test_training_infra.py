@@ -34,11 +34,15 @@ def _mesh(data=1, fsdp=1, expert=1, tensor=1, devices=None):
 
 def _worker_env(num_devices, cache_dir):
     env = dict(os.environ)
-    env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}", JAX_PLATFORMS="cpu",
-               PYTHONUNBUFFERED="1")
+    env.update(
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices}", JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1"
+    )
     # A persistent compilation cache shared by the workers of one test: restarted runs skip recompiling.
-    env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    env.update(
+        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+    )
     for k in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
         env.pop(k, None)
     return env
@@ -47,8 +51,13 @@ def _worker_env(num_devices, cache_dir):
 def _launch(args, cache_dir, log_path, num_devices=1):
     """Starts the worker with its output going to `log_path` (a file, so a chatty worker can never block)."""
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, WORKER, *args], cwd=REPO, env=_worker_env(num_devices, cache_dir),
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, WORKER, *args],
+            cwd=REPO,
+            env=_worker_env(num_devices, cache_dir),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     proc.log_path = log_path
     return proc
 
@@ -94,8 +103,15 @@ def test_unknown_optimizer_name_lists_valid_names():
 def test_warmup_cosine_schedule_values():
     cfg = toy.optimizer_cfg(110, peak_lr=1.0, end_lr=0.1, warmup_steps=10)
     lr = optimizers.make_lr_schedule(cfg)
-    expected = {0: 0.0, 5: 0.5, 10: 1.0, 60: 0.1 + 0.9 * 0.5, 35: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)),
-                110: 0.1, 500: 0.1}
+    expected = {
+        0: 0.0,
+        5: 0.5,
+        10: 1.0,
+        60: 0.1 + 0.9 * 0.5,
+        35: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)),
+        110: 0.1,
+        500: 0.1,
+    }
     for step, value in expected.items():
         np.testing.assert_allclose(float(lr(step)), value, rtol=1e-6, atol=1e-7, err_msg=f"step {step}")
 
@@ -123,8 +139,7 @@ def test_trainable_mask_keeps_frozen_params_bit_identical(name):
         assert bool(m["finite"])
         if i == 0:  # grad_norm covers the trainable params only
             trainable = [grads["out"]["kernel"], grads["out"]["bias"], grads["experts"]["w_out"]]
-            np.testing.assert_allclose(m["grad_norm"], np.sqrt(sum(np.sum(np.square(g)) for g in trainable)),
-                                       rtol=1e-5)
+            np.testing.assert_allclose(m["grad_norm"], np.sqrt(sum(np.sum(np.square(g)) for g in trainable)), rtol=1e-5)
     assert np.array_equal(state.params["embed"], params["embed"])
     assert np.array_equal(state.params["experts"]["w_in"], params["experts"]["w_in"])
     assert not np.array_equal(state.params["out"]["kernel"], params["out"]["kernel"])
@@ -174,11 +189,13 @@ def test_mesh_errors_and_fill():
     with pytest.raises(ValueError, match="unknown mesh axes"):
         sharding.make_mesh(dict(data=8, model=1))
     mesh = _mesh(fsdp=2, expert=4)
-    with pytest.raises(ValueError,
-                       match="dimension 'experts' of size 6 is not divisible by mesh axis 'expert' of size 4"):
+    with pytest.raises(
+        ValueError, match="dimension 'experts' of size 6 is not divisible by mesh axis 'expert' of size 4"
+    ):
         sharding.logical_to_spec(("experts", "embed"), sharding.DEFAULT_RULES, mesh, (6, 8))
-    assert sharding.logical_to_spec(("experts", "embed"), sharding.DEFAULT_RULES, mesh, (6, 8),
-                                    drop_indivisible=True) == P(None, "fsdp")
+    assert sharding.logical_to_spec(
+        ("experts", "embed"), sharding.DEFAULT_RULES, mesh, (6, 8), drop_indivisible=True
+    ) == P(None, "fsdp")
     with pytest.raises(ValueError, match="logical axis 'widgets' has no rule"):
         sharding.logical_to_spec(("widgets",), sharding.DEFAULT_RULES, mesh, (8,))
     with pytest.raises(ValueError, match="mesh axis 'fsdp' is used by both"):
@@ -206,9 +223,18 @@ def test_param_shardings_cover_every_param_and_expert_check():
 
 def _run_toy_loop(workdir, mesh, steps, **kwargs):
     defaults = dict(
-        workdir=str(workdir), init_fn=toy.init_fn, loss_fn=toy.make_loss_fn(), train_iterator=toy.make_iterator(),
-        total_steps=steps, optimizer_cfg=toy.optimizer_cfg(steps), mesh=mesh, param_logical_axes_fn=toy.logical_axes_fn,
-        seed=0, log_every=1, checkpoint_every=0, compiler_options=toy.FAST_COMPILE,
+        workdir=str(workdir),
+        init_fn=toy.init_fn,
+        loss_fn=toy.make_loss_fn(),
+        train_iterator=toy.make_iterator(),
+        total_steps=steps,
+        optimizer_cfg=toy.optimizer_cfg(steps),
+        mesh=mesh,
+        param_logical_axes_fn=toy.logical_axes_fn,
+        seed=0,
+        log_every=1,
+        checkpoint_every=0,
+        compiler_options=toy.FAST_COMPILE,
     )
     defaults.update(kwargs)
     return loop.train(**defaults)
@@ -223,8 +249,15 @@ def test_sharded_training_matches_single_device(tmp_path):
     def eval_fn(params, ema_params):
         return {"loss": eval_loss(params), "ema_loss": eval_loss(ema_params)}
 
-    single = _run_toy_loop(tmp_path / "single", _mesh(devices=jax.devices()[:1]), steps, ema_decay=0.9,
-                           eval_fn=eval_fn, eval_every=2, tokens_per_example=toy.SEQ)
+    single = _run_toy_loop(
+        tmp_path / "single",
+        _mesh(devices=jax.devices()[:1]),
+        steps,
+        ema_decay=0.9,
+        eval_fn=eval_fn,
+        eval_every=2,
+        tokens_per_example=toy.SEQ,
+    )
     assert sharded.params["experts"]["w_in"].sharding.spec == P("expert", "fsdp", "tensor")
     assert len(sharded.params["experts"]["w_in"].sharding.device_set) == 8
     mu = sharded.opt_state[1][0].mu["out"]["kernel"]  # (clip, adamw chain, ...): Adam's first moment
@@ -254,8 +287,11 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, caplog):
     p_shard = sharding.param_shardings(abstract.params, toy.logical_axes_fn, mesh)
     s_shard = sharding.state_shardings(abstract, p_shard, mesh)
     state = jax.jit(create, out_shardings=s_shard, compiler_options=toy.FAST_COMPILE)()
-    bump = jax.jit(lambda s: s.replace(step=s.step + 1, params=jax.tree.map(lambda x: x + 1.0, s.params)),
-                   out_shardings=s_shard, compiler_options=toy.FAST_COMPILE)
+    bump = jax.jit(
+        lambda s: s.replace(step=s.step + 1, params=jax.tree.map(lambda x: x + 1.0, s.params)),
+        out_shardings=s_shard,
+        compiler_options=toy.FAST_COMPILE,
+    )
     it = toy.make_iterator()
     ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), max_to_keep=3)
     saved = {}
@@ -298,8 +334,13 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, caplog):
 
 def test_nan_loss_stops_training_without_bad_checkpoint(tmp_path):
     with pytest.raises(loop.NonFiniteLossError, match=r"non-finite at step 5 .*the last good checkpoint is step 4"):
-        _run_toy_loop(tmp_path, _mesh(devices=jax.devices()[:1]), 8, checkpoint_every=2,
-                      train_iterator=toy.make_iterator(nan_at_batch=4))
+        _run_toy_loop(
+            tmp_path,
+            _mesh(devices=jax.devices()[:1]),
+            8,
+            checkpoint_every=2,
+            train_iterator=toy.make_iterator(nan_at_batch=4),
+        )
     assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints")) == [2, 4]
     assert max(_losses(tmp_path)) == 4
 
@@ -317,8 +358,7 @@ def test_metrics_files_and_progress_line(tmp_path):
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tensorboard"))
 
     clock = iter([0.0, 10.0, 20.0]).__next__
-    progress = metrics.ProgressLogger(1000, tokens_per_step=2560, flops_per_token=1e6, peak_flops=1e11,
-                                      clock=clock)
+    progress = metrics.ProgressLogger(1000, tokens_per_step=2560, flops_per_token=1e6, peak_flops=1e11, clock=clock)
     assert progress.update(100, 3.5) == "step 100/1000 | loss 3.5"
     progress.update(140, 3.3)  # 4 steps/s
     line = progress.update(180, 3.21)
@@ -348,17 +388,26 @@ def test_resume_after_sigkill_is_bit_exact(tmp_path):
     steps = 8
     common = ["--total_steps", str(steps), "--checkpoint_every", "3"]
     cache = tmp_path / "jax_cache"
-    ref = _launch(["--workdir", str(tmp_path / "ref"), "--out", str(tmp_path / "ref.npz"), *common], cache,
-                  tmp_path / "ref.log")
+    ref = _launch(
+        ["--workdir", str(tmp_path / "ref"), "--out", str(tmp_path / "ref.npz"), *common], cache, tmp_path / "ref.log"
+    )
     # Killed at step 6, right after the async save of step 6 started (it may or may not finish).
-    killed = _launch(["--workdir", str(tmp_path / "run"), "--kill_at_step", "6", "--kill_after_checkpoint", "3",
-                      *common], cache, tmp_path / "killed.log")
+    killed = _launch(
+        ["--workdir", str(tmp_path / "run"), "--kill_at_step", "6", "--kill_after_checkpoint", "3", *common],
+        cache,
+        tmp_path / "killed.log",
+    )
     rc_ref, out_ref = _finish(ref)
     rc_killed, out_killed = _finish(killed)
     assert rc_ref == 0, out_ref[-3000:]
     assert rc_killed == -9 and "killing myself at step 6" in out_killed, out_killed[-3000:]
-    rc, out = _finish(_launch(["--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "run.npz"), *common], cache,
-                              tmp_path / "resumed.log"))
+    rc, out = _finish(
+        _launch(
+            ["--workdir", str(tmp_path / "run"), "--out", str(tmp_path / "run.npz"), *common],
+            cache,
+            tmp_path / "resumed.log",
+        )
+    )
     assert rc == 0, out[-3000:]
     assert "Restored checkpoint at step 3" in out or "Restored checkpoint at step 6" in out, out[-3000:]
     ref_arrays, run_arrays = np.load(tmp_path / "ref.npz"), np.load(tmp_path / "run.npz")
@@ -380,15 +429,37 @@ def test_two_processes_match_one_process(tmp_path):
     steps, port = 5, _free_port()
     workdir = tmp_path / "mp"
     procs = [
-        _launch(["--workdir", str(workdir), "--total_steps", "3", "--resume_to", str(steps), "--checkpoint_every",
-                 "3", "--mesh", "2,1,1,2", "--coordinator", f"127.0.0.1:{port}", "--num_processes", "2",
-                 "--process_id", str(i), "--out", str(tmp_path / "mp.npz")], tmp_path / "jax_cache",
-                tmp_path / f"process{i}.log", num_devices=2)
+        _launch(
+            [
+                "--workdir",
+                str(workdir),
+                "--total_steps",
+                "3",
+                "--resume_to",
+                str(steps),
+                "--checkpoint_every",
+                "3",
+                "--mesh",
+                "2,1,1,2",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--num_processes",
+                "2",
+                "--process_id",
+                str(i),
+                "--out",
+                str(tmp_path / "mp.npz"),
+            ],
+            tmp_path / "jax_cache",
+            tmp_path / f"process{i}.log",
+            num_devices=2,
+        )
         for i in range(2)
     ]
     try:  # the 1-process x 4-device reference runs in this process meanwhile
-        single = _run_toy_loop(tmp_path / "sp", _mesh(data=2, tensor=2, devices=jax.devices()[:4]), steps,
-                               ema_decay=0.9)
+        single = _run_toy_loop(
+            tmp_path / "sp", _mesh(data=2, tensor=2, devices=jax.devices()[:4]), steps, ema_decay=0.9
+        )
         results = [_finish(p) for p in procs]
     finally:
         for p in procs:
@@ -405,8 +476,10 @@ def test_two_processes_match_one_process(tmp_path):
     assert sorted(l_mp) == sorted(l_sp) == list(range(1, steps + 1))
     np.testing.assert_allclose([l_mp[s] for s in sorted(l_sp)], [l_sp[s] for s in sorted(l_sp)], rtol=1e-5)
     mp_arrays = np.load(tmp_path / "mp.npz")
-    flat = {"/".join(sharding.path_to_names(p)): np.asarray(x)
-            for p, x in jax.tree_util.tree_flatten_with_path({"params": single.params, "ema": single.ema_params})[0]}
+    flat = {
+        "/".join(sharding.path_to_names(p)): np.asarray(x)
+        for p, x in jax.tree_util.tree_flatten_with_path({"params": single.params, "ema": single.ema_params})[0]
+    }
     assert sorted(flat) == sorted(mp_arrays.files)
     for name, value in flat.items():
         np.testing.assert_allclose(mp_arrays[name], value, rtol=1e-4, atol=1e-6, err_msg=name)

@@ -6,4 +6,4 @@ from hackable_diffusion.models import presets
 
 
 def get_config():
-  return ml_collections.ConfigDict(presets.small())
+    return ml_collections.ConfigDict(presets.small())

@@ -54,8 +54,9 @@ UNITS: np.ndarray = np.concatenate(
     [
         np.arange(81).reshape(9, 9),
         np.arange(81).reshape(9, 9).T,
-        np.array([[r * 9 + c for r in range(br, br + 3) for c in range(bc, bc + 3)]
-                  for br in (0, 3, 6) for bc in (0, 3, 6)]),
+        np.array(
+            [[r * 9 + c for r in range(br, br + 3) for c in range(bc, bc + 3)] for br in (0, 3, 6) for bc in (0, 3, 6)]
+        ),
     ]
 ).astype(np.int32)
 UNITS.setflags(write=False)
@@ -474,8 +475,15 @@ def dataset_cache_path(
     if cache_dir is None:
         return None
     lo, hi = (int(v) for v in givens_range)
-    key = dict(version=GENERATOR_VERSION, n=int(n), lo=lo, hi=hi, seed=int(seed), unique=bool(unique),
-               max_attempts=int(max_attempts))
+    key = dict(
+        version=GENERATOR_VERSION,
+        n=int(n),
+        lo=lo,
+        hi=hi,
+        seed=int(seed),
+        unique=bool(unique),
+        max_attempts=int(max_attempts),
+    )
     folder = _default_cache_dir() if cache_dir == "default" else pathlib.Path(cache_dir)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return folder / f"sudoku_n{n}_g{lo}-{hi}_s{seed}_{'unique' if unique else 'nonunique'}_{digest}.npz"
@@ -713,16 +721,21 @@ def read_sudoku_csv(
         for line, puzzle in zip(lines, out["puzzles"]):
             res = solve(puzzle)
             if res.num_solutions != 1:
-                raise ValueError(f"{path}:{line}: the puzzle has {res.num_solutions} solutions (0, or 2 and more); "
-                                 "solve_missing needs uniquely solvable puzzles.")
+                raise ValueError(
+                    f"{path}:{line}: the puzzle has {res.num_solutions} solutions (0, or 2 and more); "
+                    "solve_missing needs uniquely solvable puzzles."
+                )
             sols.append(res.solutions[0])
         out["solutions"] = np.stack(sols) if sols else np.zeros((0, NUM_CELLS), np.int8)
     if validate and s_col is not None and len(lines):
         ok = is_valid_solution(out["solutions"]) & respects_givens(out["solutions"], out["puzzles"])
         if not ok.all():
             i = int(np.flatnonzero(~ok)[0])
-            what = ("is not a valid complete grid" if not is_valid_solution(out["solutions"][i])
-                    else "changes a given of the puzzle")
+            what = (
+                "is not a valid complete grid"
+                if not is_valid_solution(out["solutions"][i])
+                else "changes a given of the puzzle"
+            )
             raise ValueError(f"{path}:{lines[i]}: the solution {what}; pass validate=False to skip this check.")
     for values, col in zip(extras, extra_cols):
         out[names[col]] = _to_array(values)

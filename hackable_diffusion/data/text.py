@@ -126,9 +126,7 @@ def tokenize_corpus(
     return np.concatenate(pieces) if pieces else np.zeros((0,), np.int32)
 
 
-def pack_sequences(
-    stream: Int[np.ndarray, " n"], seq_len: int, pad_remainder: bool = False
-) -> Int[np.ndarray, "s l"]:
+def pack_sequences(stream: Int[np.ndarray, " n"], seq_len: int, pad_remainder: bool = False) -> Int[np.ndarray, "s l"]:
     """Non-overlapping windows of ``seq_len`` tokens; the remainder is dropped, or right-padded with PAD."""
     stream = np.asarray(stream)
     if stream.ndim != 1:
@@ -272,8 +270,9 @@ def _write_atomic(path: pathlib.Path, write) -> None:
     os.replace(handle.name, path)
 
 
-def _fit_tokenizer(corpus: str, kind: str, vocab_size: int | None, train_texts: Sequence[str], seed: int,
-                   model_type: str) -> Tokenizer:
+def _fit_tokenizer(
+    corpus: str, kind: str, vocab_size: int | None, train_texts: Sequence[str], seed: int, model_type: str
+) -> Tokenizer:
     if kind == "char":
         tokenizer = CharTokenizer.fit("\n".join(train_texts))
         if vocab_size is not None and vocab_size < tokenizer.vocab_size:
@@ -364,7 +363,9 @@ def build_text_data(
         metadata.update(model_type=model_type, seed=seed)
     tokenizer_dir = workdir / "tokenizer"
     tokenizer = _load_or_fit_tokenizer(
-        tokenizer_dir, metadata, lambda: _fit_tokenizer(corpus, tokenizer_kind, vocab_size, train_texts, seed, model_type)
+        tokenizer_dir,
+        metadata,
+        lambda: _fit_tokenizer(corpus, tokenizer_kind, vocab_size, train_texts, seed, model_type),
     )
 
     per_line_eos = corpus == "ptb"  # one EOS per sentence; Shakespeare is one document without EOS
@@ -373,7 +374,8 @@ def build_text_data(
 
     def stream_of(split: str, texts: list[str]) -> np.ndarray:
         return _cached_stream(
-            cache_dir, f"{corpus}_{split}_{fingerprint}",
+            cache_dir,
+            f"{corpus}_{split}_{fingerprint}",
             lambda: tokenize_corpus(tokenizer, texts, add_eos_between=True, add_eos_at_end=per_line_eos),
         )
 

@@ -53,7 +53,9 @@ _SPM_PIECES = {PAD_ID: "<pad>", EOS_ID: "</s>", BOS_ID: "<s>", MASK_ID: "<mask>"
 def _ids_to_array(ids: Any) -> np.ndarray:
     array = np.asarray(ids)
     if array.ndim != 1:
-        raise ValueError(f"decode expects a 1-D sequence of token ids, got shape {array.shape}; decode rows one by one.")
+        raise ValueError(
+            f"decode expects a 1-D sequence of token ids, got shape {array.shape}; decode rows one by one."
+        )
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"decode expects integer token ids, got dtype {array.dtype}.")
     return array.astype(np.int64)
@@ -307,7 +309,10 @@ class SentencePieceTokenizer(Tokenizer):
         return cls((directory / config["model_file"]).read_bytes())
 
 
-_KINDS: dict[str, type[Tokenizer]] = {CharTokenizer.kind: CharTokenizer, SentencePieceTokenizer.kind: SentencePieceTokenizer}
+_KINDS: dict[str, type[Tokenizer]] = {
+    CharTokenizer.kind: CharTokenizer,
+    SentencePieceTokenizer.kind: SentencePieceTokenizer,
+}
 
 
 def load_tokenizer_config(directory: str | os.PathLike) -> dict[str, Any]:

@@ -83,8 +83,10 @@ def _positions(loss_mask: Bool[Array, "b l"] | None, shape: tuple[int, ...]) -> 
 
 def _check_elbo_inputs(logits: Array, x0: Array, xt: Array, t: Array):
     if logits.ndim != 3 or x0.shape != logits.shape[:2] or xt.shape != x0.shape:
-        raise ValueError(f"need logits (b, l, V) with x0 and xt of shape (b, l); got logits {logits.shape}, "
-                         f"x0 {x0.shape}, xt {xt.shape}.")
+        raise ValueError(
+            f"need logits (b, l, V) with x0 and xt of shape (b, l); got logits {logits.shape}, "
+            f"x0 {x0.shape}, xt {xt.shape}."
+        )
     if jnp.shape(t) != (x0.shape[0],):
         raise ValueError(f"t must have shape (batch,) = ({x0.shape[0]},), got {jnp.shape(t)}.")
 
@@ -130,13 +132,13 @@ def masking_elbo_weight(schedule: Schedule, t: Float[Array, "b"]) -> Float[Array
 
 
 def masking_elbo(
-        logits: Float[Array, "b l V"],
-        x0: Int[Array, "b l"],
-        xt: Int[Array, "b l"],
-        t: Float[Array, "b"],
-        schedule: Schedule,
-        mask_id: int,
-        loss_mask: Bool[Array, "b l"] | None = None,
+    logits: Float[Array, "b l V"],
+    x0: Int[Array, "b l"],
+    xt: Int[Array, "b l"],
+    t: Float[Array, "b"],
+    schedule: Schedule,
+    mask_id: int,
+    loss_mask: Bool[Array, "b l"] | None = None,
 ) -> Float[Array, "b"]:
     """Continuous-time masking NELBO integrand at t (nats per example): weight(t) * CE summed over masked positions.
 
@@ -153,13 +155,13 @@ def masking_elbo(
 
 
 def uniform_elbo(
-        logits: Float[Array, "b l V"],
-        x0: Int[Array, "b l"],
-        xt: Int[Array, "b l"],
-        t: Float[Array, "b"],
-        schedule: Schedule,
-        allowed: Bool[Array, "V"] | None = None,
-        loss_mask: Bool[Array, "b l"] | None = None,
+    logits: Float[Array, "b l V"],
+    x0: Int[Array, "b l"],
+    xt: Int[Array, "b l"],
+    t: Float[Array, "b"],
+    schedule: Schedule,
+    allowed: Bool[Array, "V"] | None = None,
+    loss_mask: Bool[Array, "b l"] | None = None,
 ) -> Float[Array, "b"]:
     """Continuous-time uniform-noise NELBO integrand at t (nats per example), see the module docstring.
 
@@ -184,16 +186,20 @@ def uniform_elbo(
     onehot_xt = jax.nn.one_hot(safe_xt, vocab_size, dtype=bool)
 
     # log q_t(i | y) for every clean value y, at the observed i = x_t.
-    log_lik_xt = jnp.where(onehot_xt, jnp.logaddexp(log_alpha, log_one_minus_alpha + log_pi[safe_xt][..., None]),
-                           log_one_minus_alpha + log_pi[safe_xt][..., None])
+    log_lik_xt = jnp.where(
+        onehot_xt,
+        jnp.logaddexp(log_alpha, log_one_minus_alpha + log_pi[safe_xt][..., None]),
+        log_one_minus_alpha + log_pi[safe_xt][..., None],
+    )
     log_w = _log_probs(logits) - log_lik_xt
     log_w_total = jax.scipy.special.logsumexp(log_w, axis=-1, keepdims=True)
     log_rho_hat = jnp.logaddexp(log_alpha + log_w, log_one_minus_alpha + log_pi + log_w_total)
 
     # log rho_k = log q_t(k | x0) - log q_t(i | x0).
     onehot_x0 = jax.nn.one_hot(x0, vocab_size, dtype=bool)
-    log_qt_x0 = jnp.where(onehot_x0, jnp.logaddexp(log_alpha, log_one_minus_alpha + log_pi),
-                          log_one_minus_alpha + log_pi)
+    log_qt_x0 = jnp.where(
+        onehot_x0, jnp.logaddexp(log_alpha, log_one_minus_alpha + log_pi), log_one_minus_alpha + log_pi
+    )
     log_rho = log_qt_x0 - _at_tokens(log_qt_x0, safe_xt)[..., None]
 
     per_class = jnp.where(onehot_xt, 0.0, _generalised_kl(log_rho, log_rho_hat))
@@ -204,12 +210,12 @@ def uniform_elbo(
 
 
 def process_elbo(
-        logits: Float[Array, "b l V"],
-        x0: Int[Array, "b l"],
-        xt: Int[Array, "b l"],
-        t: Float[Array, "b"],
-        process: NoiseProcess,
-        loss_mask: Bool[Array, "b l"] | None = None,
+    logits: Float[Array, "b l V"],
+    x0: Int[Array, "b l"],
+    xt: Int[Array, "b l"],
+    t: Float[Array, "b"],
+    process: NoiseProcess,
+    loss_mask: Bool[Array, "b l"] | None = None,
 ) -> Float[Array, "b"]:
     """The continuous-time NELBO integrand for either process (dispatches to masking_elbo / uniform_elbo)."""
     if isinstance(process, MaskingProcess):
@@ -220,13 +226,13 @@ def process_elbo(
 
 
 def discrete_time_elbo(
-        logits: Float[Array, "b l V"],
-        x0: Int[Array, "b l"],
-        xt: Int[Array, "b l"],
-        t: Float[Array, "b"],
-        process: NoiseProcess,
-        num_steps: int,
-        loss_mask: Bool[Array, "b l"] | None = None,
+    logits: Float[Array, "b l V"],
+    x0: Int[Array, "b l"],
+    xt: Int[Array, "b l"],
+    t: Float[Array, "b"],
+    process: NoiseProcess,
+    num_steps: int,
+    loss_mask: Bool[Array, "b l"] | None = None,
 ) -> Float[Array, "b"]:
     """num_steps * KL(q(x_s | x_t, x0) || p(x_s | x_t)), s = max(t - 1/num_steps, 0), summed over loss positions.
 
@@ -246,11 +252,11 @@ def discrete_time_elbo(
 
 
 def reconstruction_nll(
-        logits: Float[Array, "b l V"],
-        x0: Int[Array, "b l"],
-        xt: Int[Array, "b l"],
-        process: NoiseProcess,
-        loss_mask: Bool[Array, "b l"] | None = None,
+    logits: Float[Array, "b l V"],
+    x0: Int[Array, "b l"],
+    xt: Int[Array, "b l"],
+    process: NoiseProcess,
+    loss_mask: Bool[Array, "b l"] | None = None,
 ) -> Float[Array, "b"]:
     """-log p(x0 | x_{t=0}) (nats per example) with xt drawn at t = 0, where alpha(0) = 1 - eps.
 
@@ -266,9 +272,9 @@ def reconstruction_nll(
 
 
 def prior_kl(
-        x0: Int[Array, "b l"],
-        process: NoiseProcess,
-        loss_mask: Bool[Array, "b l"] | None = None,
+    x0: Int[Array, "b l"],
+    process: NoiseProcess,
+    loss_mask: Bool[Array, "b l"] | None = None,
 ) -> Float[Array, "b"]:
     """KL(q(x_1 | x0) || p(x_1)) summed over loss positions, p(x_1) = alpha(1)/V + (1 - alpha(1)) pi per token."""
     positions = _positions(loss_mask, x0.shape)
@@ -293,9 +299,9 @@ def prior_kl(
 
 
 def canvas_cross_entropy(
-        logits: Float[Array, "b l V"],
-        targets: Int[Array, "b l"],
-        loss_mask: Bool[Array, "b l"] | None = None,
+    logits: Float[Array, "b l V"],
+    targets: Int[Array, "b l"],
+    loss_mask: Bool[Array, "b l"] | None = None,
 ) -> Float[Array, "b"]:
     """DiffusionGemma's unweighted CE: mean over each example's loss positions (0 for an example with none)."""
     if logits.ndim != 3 or targets.shape != logits.shape[:2]:
@@ -307,9 +313,9 @@ def canvas_cross_entropy(
 
 
 def autoregressive_cross_entropy(
-        logits: Float[Array, "b l V"],
-        tokens: Int[Array, "b l"],
-        loss_mask: Bool[Array, "b l"] | None = None,
+    logits: Float[Array, "b l V"],
+    tokens: Int[Array, "b l"],
+    loss_mask: Bool[Array, "b l"] | None = None,
 ) -> tuple[Float[Array, "b"], Int[Array, "b"]]:
     """Next-token CE: logits[:, i] predicts tokens[:, i + 1]. Returns (per-example mean, per-example token count).
 

@@ -57,11 +57,11 @@ def _check_tokens_and_times(x0: Array, t: Array, fixed: Array | None):
 
 
 def transition_posterior(
-        xt: Int[Array, "b l"],
-        x0_probs: Float[Array, "b l V"],
-        alpha_s: Float[Array, "b"],
-        alpha_t: Float[Array, "b"],
-        noise_distribution: Float[Array, "V"],
+    xt: Int[Array, "b l"],
+    x0_probs: Float[Array, "b l V"],
+    alpha_s: Float[Array, "b"],
+    alpha_t: Float[Array, "b"],
+    noise_distribution: Float[Array, "V"],
 ) -> Float[Array, "b l V"]:
     """sum_{x0} P(x0) q(x_s | x_t, x0) for q(x_t = j | x0) = alpha [j == x0] + (1 - alpha) pi_j, alpha_s >= alpha_t.
 
@@ -101,8 +101,9 @@ class NoiseProcess(abc.ABC):
         if not isinstance(self.vocab_size, (int, np.integer)) or self.vocab_size < 2:
             raise ValueError(f"{type(self).__name__}: vocab_size must be an int >= 2, got {self.vocab_size!r}.")
         if not isinstance(self.schedule, Schedule):
-            raise ValueError(f"{type(self).__name__}: schedule must be a Schedule (e.g. LinearSchedule()), "
-                             f"got {self.schedule!r}.")
+            raise ValueError(
+                f"{type(self).__name__}: schedule must be a Schedule (e.g. LinearSchedule()), got {self.schedule!r}."
+            )
 
     @abc.abstractmethod
     def noise_distribution(self) -> Float[Array, "V"]:
@@ -113,11 +114,11 @@ class NoiseProcess(abc.ABC):
         """A sample of x_1 (every token replaced by a draw from pi)."""
 
     def corrupt(
-            self,
-            key: jax.Array,
-            x0: Int[Array, "b l"],
-            t: Float[Array, "b"],
-            fixed: Bool[Array, "b l"] | None = None,
+        self,
+        key: jax.Array,
+        x0: Int[Array, "b l"],
+        t: Float[Array, "b"],
+        fixed: Bool[Array, "b l"] | None = None,
     ) -> tuple[Int[Array, "b l"], Bool[Array, "b l"]]:
         """Samples x_t ~ q(x_t | x0, t); returns (xt, corrupted) where `corrupted` marks the resampled positions.
 
@@ -153,10 +154,10 @@ class NoiseProcess(abc.ABC):
             raise ValueError(f"x0_probs {x0_probs.shape} must be xt's shape {xt.shape} plus a vocabulary axis.")
 
     def denoised_probs(
-            self,
-            xt: Int[Array, "b l"],
-            x0_probs: Float[Array, "b l V"],
-            t: Float[Array, "b"],
+        self,
+        xt: Int[Array, "b l"],
+        x0_probs: Float[Array, "b l V"],
+        t: Float[Array, "b"],
     ) -> Float[Array, "b l V"]:
         """x0_probs restricted to clean-data tokens that could have produced x_t at time t, renormalised.
 
@@ -164,20 +165,26 @@ class NoiseProcess(abc.ABC):
         """
         self._check_x0_probs(xt, x0_probs)
         alpha_t = self.schedule.alpha(t)
-        return transition_posterior(xt, self.restrict_to_data(x0_probs), jnp.ones_like(alpha_t), alpha_t,
-                                    self.noise_distribution())
+        return transition_posterior(
+            xt, self.restrict_to_data(x0_probs), jnp.ones_like(alpha_t), alpha_t, self.noise_distribution()
+        )
 
     def posterior_probs(
-            self,
-            xt: Int[Array, "b l"],
-            x0_probs: Float[Array, "b l V"],
-            s: Float[Array, "b"],
-            t: Float[Array, "b"],
+        self,
+        xt: Int[Array, "b l"],
+        x0_probs: Float[Array, "b l V"],
+        s: Float[Array, "b"],
+        t: Float[Array, "b"],
     ) -> Float[Array, "b l V"]:
         """q(x_s | x_t, x0) mixed over x0 ~ x0_probs, for s < t (see the module docstring)."""
         self._check_x0_probs(xt, x0_probs)
-        return transition_posterior(xt, self.restrict_to_data(x0_probs), self.schedule.alpha(s),
-                                    self.schedule.alpha(t), self.noise_distribution())
+        return transition_posterior(
+            xt,
+            self.restrict_to_data(x0_probs),
+            self.schedule.alpha(s),
+            self.schedule.alpha(t),
+            self.noise_distribution(),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,8 +196,10 @@ class MaskingProcess(NoiseProcess):
     def __post_init__(self):
         super().__post_init__()
         if not 0 <= self.mask_id < self.vocab_size:
-            raise ValueError(f"MaskingProcess: mask_id must be a token of the vocabulary, 0 <= mask_id < vocab_size="
-                             f"{self.vocab_size}, got {self.mask_id}; reserve a vocabulary slot for the mask.")
+            raise ValueError(
+                f"MaskingProcess: mask_id must be a token of the vocabulary, 0 <= mask_id < vocab_size="
+                f"{self.vocab_size}, got {self.mask_id}; reserve a vocabulary slot for the mask."
+            )
 
     def noise_distribution(self) -> Float[Array, "V"]:
         return jax.nn.one_hot(self.mask_id, self.vocab_size, dtype=jnp.result_type(float))
@@ -220,8 +229,10 @@ class UniformProcess(NoiseProcess):
         if len(set(excluded)) != len(excluded):
             raise ValueError(f"UniformProcess: excluded_ids {excluded} contain duplicates.")
         if self.num_allowed < 2:
-            raise ValueError(f"UniformProcess: at least 2 tokens must stay allowed, got {self.num_allowed} "
-                             f"(vocab_size={self.vocab_size}, {len(excluded)} excluded).")
+            raise ValueError(
+                f"UniformProcess: at least 2 tokens must stay allowed, got {self.num_allowed} "
+                f"(vocab_size={self.vocab_size}, {len(excluded)} excluded)."
+            )
 
     @property
     def num_allowed(self) -> int:

@@ -55,8 +55,9 @@ class Schedule(abc.ABC):
 
     def __post_init__(self):
         if not 0.0 <= self.eps < 0.5:
-            raise ValueError(f"{type(self).__name__}: eps must lie in [0, 0.5), got {self.eps}; the default is "
-                             f"{DEFAULT_EPS}.")
+            raise ValueError(
+                f"{type(self).__name__}: eps must lie in [0, 0.5), got {self.eps}; the default is {DEFAULT_EPS}."
+            )
 
     @abc.abstractmethod
     def _a(self, t: Float[Array, "*shape"]) -> Float[Array, "*shape"]:
@@ -147,8 +148,10 @@ class GeometricSchedule(Schedule):
     def __post_init__(self):
         super().__post_init__()
         if not 0.0 < self.sigma_min < self.sigma_max:
-            raise ValueError(f"GeometricSchedule: need 0 < sigma_min < sigma_max, got sigma_min={self.sigma_min}, "
-                             f"sigma_max={self.sigma_max} (SEDD uses 1e-4 and 20).")
+            raise ValueError(
+                f"GeometricSchedule: need 0 < sigma_min < sigma_max, got sigma_min={self.sigma_min}, "
+                f"sigma_max={self.sigma_max} (SEDD uses 1e-4 and 20)."
+            )
 
     def _sigma_bar(self, t):
         return self.sigma_min * (self.sigma_max / self.sigma_min) ** t

@@ -37,137 +37,145 @@ NEG_INF = -1e30
 
 @flax.struct.dataclass
 class KVCache:
-  """Keys/values of every layer plus per-slot bookkeeping shared by all layers.
+    """Keys/values of every layer plus per-slot bookkeeping shared by all layers.
 
-  layers: one dict per position in the layer pattern, {'k', 'v'} of shape (groups, b, slots, kv_heads, head_dim)
-    (stacked over pattern repeats so the layer scan can slice them).
-  positions: RoPE position of the token in each slot (counts real tokens only, per row).
-  valid: whether a slot holds a real token (False for unwritten slots and padding).
-  end_index: the next slot to write; one cursor for the whole batch (rows of different lengths differ in
-    `valid` and `positions`, never in slot indices).
-  """
+    layers: one dict per position in the layer pattern, {'k', 'v'} of shape (groups, b, slots, kv_heads, head_dim)
+      (stacked over pattern repeats so the layer scan can slice them).
+    positions: RoPE position of the token in each slot (counts real tokens only, per row).
+    valid: whether a slot holds a real token (False for unwritten slots and padding).
+    end_index: the next slot to write; one cursor for the whole batch (rows of different lengths differ in
+      `valid` and `positions`, never in slot indices).
+    """
 
-  layers: tuple[dict[str, Array], ...]
-  positions: Int[Array, "b s"]
-  valid: Bool[Array, "b s"]
-  end_index: Int[Array, ""]
+    layers: tuple[dict[str, Array], ...]
+    positions: Int[Array, "b s"]
+    valid: Bool[Array, "b s"]
+    end_index: Int[Array, ""]
 
-  @property
-  def length(self) -> int:
-    return self.positions.shape[1]
+    @property
+    def length(self) -> int:
+        return self.positions.shape[1]
 
-  @property
-  def batch_size(self) -> int:
-    return self.positions.shape[0]
+    @property
+    def batch_size(self) -> int:
+        return self.positions.shape[0]
 
-  def next_positions(self) -> Int[Array, "b"]:
-    """Position of the next real token in each row: the number of real tokens cached so far."""
-    return jnp.sum(self.valid, axis=1).astype(jnp.int32)
+    def next_positions(self) -> Int[Array, "b"]:
+        """Position of the next real token in each row: the number of real tokens cached so far."""
+        return jnp.sum(self.valid, axis=1).astype(jnp.int32)
 
 
 def init_cache(cfg: TransformerConfig, batch_size: int, length: int, dtype: Any = None) -> KVCache:
-  """An empty cache of `length` slots for `batch_size` rows."""
-  dtype = resolve_dtype(dtype or cfg.compute_dtype)
-  layers = []
-  for layer_type in cfg.layer_pattern:
-    kv_heads, head_dim = _kv_shape(cfg, layer_type)
-    shape = (cfg.num_groups, batch_size, length, kv_heads, head_dim)
-    layers.append({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)})
-  return KVCache(layers=tuple(layers), positions=jnp.zeros((batch_size, length), jnp.int32),
-                 valid=jnp.zeros((batch_size, length), bool), end_index=jnp.zeros((), jnp.int32))
+    """An empty cache of `length` slots for `batch_size` rows."""
+    dtype = resolve_dtype(dtype or cfg.compute_dtype)
+    layers = []
+    for layer_type in cfg.layer_pattern:
+        kv_heads, head_dim = _kv_shape(cfg, layer_type)
+        shape = (cfg.num_groups, batch_size, length, kv_heads, head_dim)
+        layers.append({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)})
+    return KVCache(
+        layers=tuple(layers),
+        positions=jnp.zeros((batch_size, length), jnp.int32),
+        valid=jnp.zeros((batch_size, length), bool),
+        end_index=jnp.zeros((), jnp.int32),
+    )
 
 
 def _kv_shape(cfg: TransformerConfig, layer_type: str) -> tuple[int, int]:
-  if layer_type == "global":
-    return cfg.global_kv_heads, cfg.global_attn_head_dim
-  return cfg.num_kv_heads, cfg.head_dim
+    if layer_type == "global":
+        return cfg.global_kv_heads, cfg.global_attn_head_dim
+    return cfg.num_kv_heads, cfg.head_dim
 
 
 def sliding_window_mask(q_pos: Int[Array, "b l"], k_pos: Int[Array, "b s"], window: int) -> Bool[Array, "b l s"]:
-  """True where |pos_q - pos_k| < window (symmetric, on token positions)."""
-  return jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]) < window
+    """True where |pos_q - pos_k| < window (symmetric, on token positions)."""
+    return jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]) < window
 
 
 class Attention(nn.Module):
-  """One attention layer of type 'local' or 'global'. Parameter names follow the gemma library."""
+    """One attention layer of type 'local' or 'global'. Parameter names follow the gemma library."""
 
-  cfg: TransformerConfig
-  layer_type: str
+    cfg: TransformerConfig
+    layer_type: str
 
-  @nn.compact
-  def __call__(
-      self,
-      x: Float[Array, "b l d"],
-      positions: Int[Array, "b l"],
-      self_mask: Bool[Array, "b l l"],
-      layer_cache: dict[str, Array] | None = None,
-      prefix_mask: Bool[Array, "b l s"] | None = None,
-      cache_positions: Int[Array, "b s"] | None = None,
-      write_index: Int[Array, ""] | None = None,
-  ) -> tuple[Float[Array, "b l d"], dict[str, Array] | None]:
-    cfg = self.cfg
-    dtype, pdtype = resolve_dtype(cfg.compute_dtype), resolve_dtype(cfg.param_dtype)
-    is_global = self.layer_type == "global"
-    kv_heads, head_dim = _kv_shape(cfg, self.layer_type)
-    d = x.shape[-1]
-    init = nn.initializers.normal(stddev=d**-0.5)
+    @nn.compact
+    def __call__(
+        self,
+        x: Float[Array, "b l d"],
+        positions: Int[Array, "b l"],
+        self_mask: Bool[Array, "b l l"],
+        layer_cache: dict[str, Array] | None = None,
+        prefix_mask: Bool[Array, "b l s"] | None = None,
+        cache_positions: Int[Array, "b s"] | None = None,
+        write_index: Int[Array, ""] | None = None,
+    ) -> tuple[Float[Array, "b l d"], dict[str, Array] | None]:
+        cfg = self.cfg
+        dtype, pdtype = resolve_dtype(cfg.compute_dtype), resolve_dtype(cfg.param_dtype)
+        is_global = self.layer_type == "global"
+        kv_heads, head_dim = _kv_shape(cfg, self.layer_type)
+        d = x.shape[-1]
+        init = nn.initializers.normal(stddev=d**-0.5)
 
-    w_q = self.param("q_einsum", init, (cfg.num_heads, d, head_dim), pdtype)
-    q = token_einsum("td,ndh->tnh", x, w_q, dtype)
-    if is_global and cfg.k_eq_v_global:
-      w_k = self.param("k_einsum", init, (kv_heads, d, head_dim), pdtype)
-      k = token_einsum("td,kdh->tkh", x, w_k, dtype)
-      v = k
-    else:
-      w_kv = self.param("kv_einsum", init, (2, kv_heads, d, head_dim), pdtype)
-      kv = token_einsum("td,ckdh->tckh", x, w_kv, dtype)
-      k, v = kv[:, :, 0], kv[:, :, 1]
+        w_q = self.param("q_einsum", init, (cfg.num_heads, d, head_dim), pdtype)
+        q = token_einsum("td,ndh->tnh", x, w_q, dtype)
+        if is_global and cfg.k_eq_v_global:
+            w_k = self.param("k_einsum", init, (kv_heads, d, head_dim), pdtype)
+            k = token_einsum("td,kdh->tkh", x, w_k, dtype)
+            v = k
+        else:
+            w_kv = self.param("kv_einsum", init, (2, kv_heads, d, head_dim), pdtype)
+            kv = token_einsum("td,ckdh->tckh", x, w_kv, dtype)
+            k, v = kv[:, :, 0], kv[:, :, 1]
 
-    if cfg.qk_norm:
-      q = RMSNorm(eps=cfg.norm_eps, param_dtype=pdtype, name="query_norm")(q)
-      k = RMSNorm(eps=cfg.norm_eps, param_dtype=pdtype, name="key_norm")(k)
-    if cfg.v_norm:
-      v = rms_normalize(v, cfg.norm_eps)
-    base = cfg.rope_global_base if is_global else cfg.rope_local_base
-    proportion = cfg.rope_global_proportion if is_global else cfg.rope_local_proportion
-    q = apply_rope(q, positions, base, proportion)
-    k = apply_rope(k, positions, base, proportion)
-    if cfg.scale_queries:
-      q = q * jnp.asarray(head_dim**-0.5, dtype)
+        if cfg.qk_norm:
+            q = RMSNorm(eps=cfg.norm_eps, param_dtype=pdtype, name="query_norm")(q)
+            k = RMSNorm(eps=cfg.norm_eps, param_dtype=pdtype, name="key_norm")(k)
+        if cfg.v_norm:
+            v = rms_normalize(v, cfg.norm_eps)
+        base = cfg.rope_global_base if is_global else cfg.rope_local_base
+        proportion = cfg.rope_global_proportion if is_global else cfg.rope_local_proportion
+        q = apply_rope(q, positions, base, proportion)
+        k = apply_rope(k, positions, base, proportion)
+        if cfg.scale_queries:
+            q = q * jnp.asarray(head_dim**-0.5, dtype)
 
-    if not is_global:
-      self_mask = self_mask & sliding_window_mask(positions, positions, cfg.sliding_window)
+        if not is_global:
+            self_mask = self_mask & sliding_window_mask(positions, positions, cfg.sliding_window)
 
-    b, l = x.shape[:2]
-    group = cfg.num_heads // kv_heads
-    q = q.reshape(b, l, kv_heads, group, head_dim)
-    logits = [jnp.einsum("blkgh,bmkh->bkglm", q, k, preferred_element_type=jnp.float32)]
-    masks = [self_mask]
-    if layer_cache is not None:
-      if prefix_mask is None or cache_positions is None:
-        raise ValueError("Reading a KV cache needs prefix_mask and cache_positions.")
-      if not is_global:
-        prefix_mask = prefix_mask & sliding_window_mask(positions, cache_positions, cfg.sliding_window)
-      cache_k = layer_cache["k"].astype(dtype)
-      logits.insert(0, jnp.einsum("blkgh,bskh->bkgls", q, cache_k, preferred_element_type=jnp.float32))
-      masks.insert(0, prefix_mask)
-    mask = jnp.concatenate(masks, axis=-1)[:, None, None]  # b 1 1 l (s + l)
-    all_logits = jnp.where(mask, jnp.concatenate(logits, axis=-1), NEG_INF)
-    probs = jax.nn.softmax(all_logits, axis=-1).astype(dtype)
+        b, l = x.shape[:2]
+        group = cfg.num_heads // kv_heads
+        q = q.reshape(b, l, kv_heads, group, head_dim)
+        logits = [jnp.einsum("blkgh,bmkh->bkglm", q, k, preferred_element_type=jnp.float32)]
+        masks = [self_mask]
+        if layer_cache is not None:
+            if prefix_mask is None or cache_positions is None:
+                raise ValueError("Reading a KV cache needs prefix_mask and cache_positions.")
+            if not is_global:
+                prefix_mask = prefix_mask & sliding_window_mask(positions, cache_positions, cfg.sliding_window)
+            cache_k = layer_cache["k"].astype(dtype)
+            logits.insert(0, jnp.einsum("blkgh,bskh->bkgls", q, cache_k, preferred_element_type=jnp.float32))
+            masks.insert(0, prefix_mask)
+        mask = jnp.concatenate(masks, axis=-1)[:, None, None]  # b 1 1 l (s + l)
+        all_logits = jnp.where(mask, jnp.concatenate(logits, axis=-1), NEG_INF)
+        probs = jax.nn.softmax(all_logits, axis=-1).astype(dtype)
 
-    out = jnp.einsum("bkglm,bmkh->blkgh", probs[..., -l:], v, preferred_element_type=jnp.float32)
-    new_cache = None
-    if layer_cache is not None:
-      cache_v = layer_cache["v"].astype(dtype)
-      out = out + jnp.einsum("bkgls,bskh->blkgh", probs[..., :-l], cache_v, preferred_element_type=jnp.float32)
-      new_cache = layer_cache
-      if write_index is not None:
-        start = (0, write_index, 0, 0)
-        new_cache = {
-            "k": jax.lax.dynamic_update_slice(layer_cache["k"], k.astype(layer_cache["k"].dtype), start),
-            "v": jax.lax.dynamic_update_slice(layer_cache["v"], v.astype(layer_cache["v"].dtype), start),
-        }
-    out = out.astype(dtype).reshape(b, l, cfg.num_heads, head_dim)
-    w_o = self.param("attn_vec_einsum", nn.initializers.normal(stddev=(cfg.num_heads * head_dim)**-0.5),
-                     (cfg.num_heads, head_dim, d), pdtype)
-    return token_einsum("tnh,nhd->td", out, w_o, dtype), new_cache
+        out = jnp.einsum("bkglm,bmkh->blkgh", probs[..., -l:], v, preferred_element_type=jnp.float32)
+        new_cache = None
+        if layer_cache is not None:
+            cache_v = layer_cache["v"].astype(dtype)
+            out = out + jnp.einsum("bkgls,bskh->blkgh", probs[..., :-l], cache_v, preferred_element_type=jnp.float32)
+            new_cache = layer_cache
+            if write_index is not None:
+                start = (0, write_index, 0, 0)
+                new_cache = {
+                    "k": jax.lax.dynamic_update_slice(layer_cache["k"], k.astype(layer_cache["k"].dtype), start),
+                    "v": jax.lax.dynamic_update_slice(layer_cache["v"], v.astype(layer_cache["v"].dtype), start),
+                }
+        out = out.astype(dtype).reshape(b, l, cfg.num_heads, head_dim)
+        w_o = self.param(
+            "attn_vec_einsum",
+            nn.initializers.normal(stddev=(cfg.num_heads * head_dim) ** -0.5),
+            (cfg.num_heads, head_dim, d),
+            pdtype,
+        )
+        return token_einsum("tnh,nhd->td", out, w_o, dtype), new_cache

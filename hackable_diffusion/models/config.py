@@ -20,145 +20,151 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 
 
 def resolve_dtype(name: str | Any):
-  """Maps a dtype name ('float32', 'bfloat16') to a jnp dtype; passes dtypes through."""
-  if isinstance(name, str):
-    if name not in _DTYPES:
-      raise ValueError(f"Unknown dtype {name!r}; choose one of {sorted(_DTYPES)}.")
-    return _DTYPES[name]
-  return name
+    """Maps a dtype name ('float32', 'bfloat16') to a jnp dtype; passes dtypes through."""
+    if isinstance(name, str):
+        if name not in _DTYPES:
+            raise ValueError(f"Unknown dtype {name!r}; choose one of {sorted(_DTYPES)}.")
+        return _DTYPES[name]
+    return name
 
 
 def _from_mapping(cls, values: Mapping[str, Any], where: str):
-  """Builds a frozen dataclass from a mapping, rejecting unknown keys with the closest valid ones."""
-  fields = {f.name for f in dataclasses.fields(cls)}
-  for key in values:
-    if key not in fields:
-      close = difflib.get_close_matches(key, sorted(fields), n=3, cutoff=0.5)
-      hint = f" Did you mean {', '.join(close)}?" if close else ""
-      raise ValueError(f"Unknown key {where}.{key} for {cls.__name__}.{hint} Valid keys: {sorted(fields)}.")
-  return cls(**values)
+    """Builds a frozen dataclass from a mapping, rejecting unknown keys with the closest valid ones."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in fields:
+            close = difflib.get_close_matches(key, sorted(fields), n=3, cutoff=0.5)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"Unknown key {where}.{key} for {cls.__name__}.{hint} Valid keys: {sorted(fields)}.")
+    return cls(**values)
 
 
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
-  """Mixture-of-experts FFN beside the dense FFN (Gemma-4: 128 experts, top-8, hidden 704)."""
+    """Mixture-of-experts FFN beside the dense FFN (Gemma-4: 128 experts, top-8, hidden 704)."""
 
-  num_experts: int
-  top_k: int
-  hidden_dim: int
-  dispatch: str = "sorted"  # "dense" (reference, all experts) | "sorted" (capacity, CPU) | "ragged" (dropless, GPU)
-  capacity_factor: float = 1.25
-  load_balance_weight: float = 0.0  # off by default: the reference has no auxiliary losses
-  router_z_weight: float = 0.0
+    num_experts: int
+    top_k: int
+    hidden_dim: int
+    dispatch: str = "sorted"  # "dense" (reference, all experts) | "sorted" (capacity, CPU) | "ragged" (dropless, GPU)
+    capacity_factor: float = 1.25
+    load_balance_weight: float = 0.0  # off by default: the reference has no auxiliary losses
+    router_z_weight: float = 0.0
 
-  def __post_init__(self):
-    if self.num_experts < 1:
-      raise ValueError(f"moe.num_experts must be >= 1, got {self.num_experts}.")
-    if not 1 <= self.top_k <= self.num_experts:
-      raise ValueError(
-          f"moe.top_k={self.top_k} must be between 1 and moe.num_experts={self.num_experts}; "
-          "lower top_k or add experts.")
-    if self.hidden_dim < 1:
-      raise ValueError(f"moe.hidden_dim must be >= 1, got {self.hidden_dim}.")
-    if self.dispatch not in DISPATCHES:
-      raise ValueError(f"moe.dispatch={self.dispatch!r} is not one of {DISPATCHES}.")
-    if self.capacity_factor <= 0:
-      raise ValueError(f"moe.capacity_factor must be > 0, got {self.capacity_factor}.")
+    def __post_init__(self):
+        if self.num_experts < 1:
+            raise ValueError(f"moe.num_experts must be >= 1, got {self.num_experts}.")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(
+                f"moe.top_k={self.top_k} must be between 1 and moe.num_experts={self.num_experts}; "
+                "lower top_k or add experts."
+            )
+        if self.hidden_dim < 1:
+            raise ValueError(f"moe.hidden_dim must be >= 1, got {self.hidden_dim}.")
+        if self.dispatch not in DISPATCHES:
+            raise ValueError(f"moe.dispatch={self.dispatch!r} is not one of {DISPATCHES}.")
+        if self.capacity_factor <= 0:
+            raise ValueError(f"moe.capacity_factor must be > 0, got {self.capacity_factor}.")
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "MoEConfig":
-    return _from_mapping(cls, dict(values), "model.moe")
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "MoEConfig":
+        return _from_mapping(cls, dict(values), "model.moe")
 
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Shape and options of the backbone. Defaults are the Gemma-4 choices; sizes have no defaults."""
+    """Shape and options of the backbone. Defaults are the Gemma-4 choices; sizes have no defaults."""
 
-  vocab_size: int
-  embed_dim: int
-  num_layers: int
-  num_heads: int
-  head_dim: int
-  num_kv_heads: int
-  ffw_hidden: int  # dense gated-GELU FFN present in every layer ("mlp2" in Gemma-4)
-  moe: MoEConfig | None = None
-  layer_pattern: tuple[str, ...] = ("local",) * 5 + ("global",)
-  sliding_window: int = 1024  # local layers: a key is visible iff |pos_q - pos_k| < sliding_window
-  global_head_dim: int | None = None  # None: same as head_dim
-  global_num_kv_heads: int | None = None  # None: same as num_kv_heads
-  k_eq_v_global: bool = False  # global layers: one projection serves as K and (scale-free normed) V
-  rope_local_base: float = 10_000.0
-  rope_local_proportion: float = 1.0
-  rope_global_base: float = 1_000_000.0
-  rope_global_proportion: float = 1.0
-  qk_norm: bool = True  # RMSNorm with scale on queries and keys
-  v_norm: bool = True  # RMSNorm without scale on values
-  scale_queries: bool = False  # Gemma-4 uses no 1/sqrt(head_dim) factor (qk-norm bounds the logits)
-  final_logit_softcap: float | None = 30.0
-  norm_eps: float = 1e-6
-  param_dtype: str = "float32"
-  compute_dtype: str = "float32"
-  remat: str = "none"  # "none" | "full" (recompute the whole layer group) | "dots" (save matmul outputs)
-  self_conditioning: bool = False  # DiffusionGemma's self_conditioner on canvas embeddings (models/self_conditioning.py)
+    vocab_size: int
+    embed_dim: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    num_kv_heads: int
+    ffw_hidden: int  # dense gated-GELU FFN present in every layer ("mlp2" in Gemma-4)
+    moe: MoEConfig | None = None
+    layer_pattern: tuple[str, ...] = ("local",) * 5 + ("global",)
+    sliding_window: int = 1024  # local layers: a key is visible iff |pos_q - pos_k| < sliding_window
+    global_head_dim: int | None = None  # None: same as head_dim
+    global_num_kv_heads: int | None = None  # None: same as num_kv_heads
+    k_eq_v_global: bool = False  # global layers: one projection serves as K and (scale-free normed) V
+    rope_local_base: float = 10_000.0
+    rope_local_proportion: float = 1.0
+    rope_global_base: float = 1_000_000.0
+    rope_global_proportion: float = 1.0
+    qk_norm: bool = True  # RMSNorm with scale on queries and keys
+    v_norm: bool = True  # RMSNorm without scale on values
+    scale_queries: bool = False  # Gemma-4 uses no 1/sqrt(head_dim) factor (qk-norm bounds the logits)
+    final_logit_softcap: float | None = 30.0
+    norm_eps: float = 1e-6
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    remat: str = "none"  # "none" | "full" (recompute the whole layer group) | "dots" (save matmul outputs)
+    self_conditioning: bool = (
+        False  # DiffusionGemma's self_conditioner on canvas embeddings (models/self_conditioning.py)
+    )
 
-  def __post_init__(self):
-    object.__setattr__(self, "layer_pattern", tuple(self.layer_pattern))
-    if isinstance(self.moe, Mapping):
-      object.__setattr__(self, "moe", MoEConfig.from_dict(self.moe))
-    positive = ("vocab_size", "embed_dim", "num_layers", "num_heads", "head_dim", "num_kv_heads", "ffw_hidden")
-    for name in positive:
-      if getattr(self, name) < 1:
-        raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}.")
-    if self.num_heads % self.num_kv_heads:
-      raise ValueError(
-          f"model.num_heads={self.num_heads} is not divisible by model.num_kv_heads={self.num_kv_heads} "
-          "(grouped-query attention shares each kv head by a whole number of query heads).")
-    if self.num_heads % self.global_kv_heads:
-      raise ValueError(
-          f"model.num_heads={self.num_heads} is not divisible by model.global_num_kv_heads={self.global_kv_heads}.")
-    if self.sliding_window < 1:
-      raise ValueError(f"model.sliding_window must be >= 1, got {self.sliding_window}.")
-    if not self.layer_pattern or any(t not in LAYER_TYPES for t in self.layer_pattern):
-      raise ValueError(f"model.layer_pattern={self.layer_pattern} must be a non-empty tuple of {LAYER_TYPES}.")
-    if self.num_layers % len(self.layer_pattern):
-      raise ValueError(
-          f"model.num_layers={self.num_layers} is not a multiple of len(model.layer_pattern)="
-          f"{len(self.layer_pattern)}; layers are scanned one pattern group at a time.")
-    for name in ("rope_local_proportion", "rope_global_proportion"):
-      if not 0.0 <= getattr(self, name) <= 1.0:
-        raise ValueError(f"model.{name} must be in [0, 1], got {getattr(self, name)}.")
-    for name in ("head_dim", "global_attn_head_dim"):
-      if getattr(self, name) % 2:
-        raise ValueError(f"model.{name}={getattr(self, name)} must be even for half-split RoPE.")
-    if self.remat not in ("none", "full", "dots"):
-      raise ValueError(f"model.remat={self.remat!r} must be 'none', 'full' or 'dots'.")
-    resolve_dtype(self.param_dtype)
-    resolve_dtype(self.compute_dtype)
-    if self.final_logit_softcap is not None and self.final_logit_softcap <= 0:
-      raise ValueError(f"model.final_logit_softcap must be > 0 or None, got {self.final_logit_softcap}.")
+    def __post_init__(self):
+        object.__setattr__(self, "layer_pattern", tuple(self.layer_pattern))
+        if isinstance(self.moe, Mapping):
+            object.__setattr__(self, "moe", MoEConfig.from_dict(self.moe))
+        positive = ("vocab_size", "embed_dim", "num_layers", "num_heads", "head_dim", "num_kv_heads", "ffw_hidden")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_heads={self.num_heads} is not divisible by model.num_kv_heads={self.num_kv_heads} "
+                "(grouped-query attention shares each kv head by a whole number of query heads)."
+            )
+        if self.num_heads % self.global_kv_heads:
+            raise ValueError(
+                f"model.num_heads={self.num_heads} is not divisible by model.global_num_kv_heads={self.global_kv_heads}."
+            )
+        if self.sliding_window < 1:
+            raise ValueError(f"model.sliding_window must be >= 1, got {self.sliding_window}.")
+        if not self.layer_pattern or any(t not in LAYER_TYPES for t in self.layer_pattern):
+            raise ValueError(f"model.layer_pattern={self.layer_pattern} must be a non-empty tuple of {LAYER_TYPES}.")
+        if self.num_layers % len(self.layer_pattern):
+            raise ValueError(
+                f"model.num_layers={self.num_layers} is not a multiple of len(model.layer_pattern)="
+                f"{len(self.layer_pattern)}; layers are scanned one pattern group at a time."
+            )
+        for name in ("rope_local_proportion", "rope_global_proportion"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1], got {getattr(self, name)}.")
+        for name in ("head_dim", "global_attn_head_dim"):
+            if getattr(self, name) % 2:
+                raise ValueError(f"model.{name}={getattr(self, name)} must be even for half-split RoPE.")
+        if self.remat not in ("none", "full", "dots"):
+            raise ValueError(f"model.remat={self.remat!r} must be 'none', 'full' or 'dots'.")
+        resolve_dtype(self.param_dtype)
+        resolve_dtype(self.compute_dtype)
+        if self.final_logit_softcap is not None and self.final_logit_softcap <= 0:
+            raise ValueError(f"model.final_logit_softcap must be > 0 or None, got {self.final_logit_softcap}.")
 
-  @property
-  def global_kv_heads(self) -> int:
-    return self.global_num_kv_heads or self.num_kv_heads
+    @property
+    def global_kv_heads(self) -> int:
+        return self.global_num_kv_heads or self.num_kv_heads
 
-  @property
-  def global_attn_head_dim(self) -> int:
-    return self.global_head_dim or self.head_dim
+    @property
+    def global_attn_head_dim(self) -> int:
+        return self.global_head_dim or self.head_dim
 
-  @property
-  def num_groups(self) -> int:
-    """Number of repeats of `layer_pattern`; the scan runs over this axis."""
-    return self.num_layers // len(self.layer_pattern)
+    @property
+    def num_groups(self) -> int:
+        """Number of repeats of `layer_pattern`; the scan runs over this axis."""
+        return self.num_layers // len(self.layer_pattern)
 
-  def layer_types(self) -> tuple[str, ...]:
-    return self.layer_pattern * self.num_groups
+    def layer_types(self) -> tuple[str, ...]:
+        return self.layer_pattern * self.num_groups
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "TransformerConfig":
-    values = dict(values)
-    if values.get("moe") is not None:
-      values["moe"] = MoEConfig.from_dict(values["moe"])
-    return _from_mapping(cls, values, "model")
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "TransformerConfig":
+        values = dict(values)
+        if values.get("moe") is not None:
+            values["moe"] = MoEConfig.from_dict(values["moe"])
+        return _from_mapping(cls, values, "model")
 
-  def replace(self, **changes) -> "TransformerConfig":
-    return dataclasses.replace(self, **changes)
+    def replace(self, **changes) -> "TransformerConfig":
+        return dataclasses.replace(self, **changes)

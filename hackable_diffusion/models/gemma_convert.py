@@ -115,8 +115,10 @@ class Rule:
 
     def __post_init__(self):
         if ("{i}" in self.toolbox) != ("{n}" in self.gemma):
-            raise ValueError(f"Rule {self.toolbox!r} -> {self.gemma!r}: a per-layer rule needs {{i}} in the toolbox "
-                             "pattern and {n} in the gemma pattern (a global rule needs neither).")
+            raise ValueError(
+                f"Rule {self.toolbox!r} -> {self.gemma!r}: a per-layer rule needs {{i}} in the toolbox "
+                "pattern and {n} in the gemma pattern (a global rule needs neither)."
+            )
 
     @property
     def per_layer(self) -> bool:
@@ -135,8 +137,15 @@ def _block(rest: str, gemma_rest: str) -> Rule:
     return Rule(f"layers/block_{{i}}/{rest}", f"layer_{{n}}/{gemma_rest}")
 
 
-_NORMS = ("pre_attention_norm", "post_attention_norm", "pre_ffw_norm", "post_ffw_norm", "pre_ffw2_norm",
-          "post_ffw2_norm", "post_ffw1_norm")
+_NORMS = (
+    "pre_attention_norm",
+    "post_attention_norm",
+    "pre_ffw_norm",
+    "post_ffw_norm",
+    "pre_ffw2_norm",
+    "post_ffw2_norm",
+    "post_ffw1_norm",
+)
 
 #: The mapping, one row per leaf kind (see the module docstring's table).
 RULES: tuple[Rule, ...] = (
@@ -234,8 +243,10 @@ def _rule_for(path: str, rules: Sequence[Rule]) -> tuple[Rule, int | None]:
             return rule, found
         if not rule.per_layer and found:
             return rule, None
-    raise ValueError(f"No conversion rule for the toolbox parameter {path!r}; add a Rule for it to "
-                     "hackable_diffusion/models/gemma_convert.py RULES (or pass rules=).")
+    raise ValueError(
+        f"No conversion rule for the toolbox parameter {path!r}; add a Rule for it to "
+        "hackable_diffusion/models/gemma_convert.py RULES (or pass rules=)."
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,8 +285,10 @@ def _plan_cached(cfg: TransformerConfig, rules: tuple[Rule, ...]):
         for group in range(struct.shape[0]):
             gemma_path = rule.gemma.replace("{n}", str(group * pattern_len + block))
             if gemma_path in plan:
-                raise ValueError(f"Two toolbox parameters map to the gemma path {gemma_path!r} "
-                                 f"({plan[gemma_path].toolbox_path!r} and {path!r}); fix RULES.")
+                raise ValueError(
+                    f"Two toolbox parameters map to the gemma path {gemma_path!r} "
+                    f"({plan[gemma_path].toolbox_path!r} and {path!r}); fix RULES."
+                )
             plan[gemma_path] = _Entry(path, group, rule, tuple(out.shape), out.dtype)
     return {p: plan[p] for p in sorted(plan, key=_natural_key)}, shapes
 
@@ -317,26 +330,36 @@ def _normalise_gemma(tree: Mapping[str, Any], expected: Mapping[str, Any]) -> di
     return out
 
 
-def _check_gemma(flat: Mapping[str, Any], expected: Mapping[str, jax.ShapeDtypeStruct], cfg: TransformerConfig,
-                 ignore_unexpected: bool) -> None:
+def _check_gemma(
+    flat: Mapping[str, Any],
+    expected: Mapping[str, jax.ShapeDtypeStruct],
+    cfg: TransformerConfig,
+    ignore_unexpected: bool,
+) -> None:
     missing = [p for p in expected if p not in flat]
     if missing:
         p = missing[0]
         more = f" (and {len(missing) - 1} more: {missing[1:4]}...)" if len(missing) > 1 else ""
-        raise ValueError(f"The gemma tree is missing the leaf {p!r}; expected shape {_shape_text(expected[p].shape)} "
-                         f"for this model config ({cfg.num_layers} layers, pattern {cfg.layer_pattern}){more}.")
+        raise ValueError(
+            f"The gemma tree is missing the leaf {p!r}; expected shape {_shape_text(expected[p].shape)} "
+            f"for this model config ({cfg.num_layers} layers, pattern {cfg.layer_pattern}){more}."
+        )
     unexpected = [p for p in flat if p not in expected]
     if unexpected and not ignore_unexpected:
         p = unexpected[0]
-        raise ValueError(f"The gemma tree has the unexpected leaf {p!r} with shape "
-                         f"{_shape_text(np.shape(flat[p]))}, which this model config does not have "
-                         f"({len(unexpected)} unexpected in all: {unexpected[:4]}). Check the config (num_layers, "
-                         "moe, self_conditioning, k_eq_v_global) or pass ignore_unexpected=True to drop them.")
+        raise ValueError(
+            f"The gemma tree has the unexpected leaf {p!r} with shape "
+            f"{_shape_text(np.shape(flat[p]))}, which this model config does not have "
+            f"({len(unexpected)} unexpected in all: {unexpected[:4]}). Check the config (num_layers, "
+            "moe, self_conditioning, k_eq_v_global) or pass ignore_unexpected=True to drop them."
+        )
     for p, struct in expected.items():
         shape = tuple(np.shape(flat[p]))
         if shape != tuple(struct.shape):
-            raise ValueError(f"The gemma leaf {p!r} has shape {_shape_text(shape)}, expected "
-                             f"{_shape_text(struct.shape)} for this model config.")
+            raise ValueError(
+                f"The gemma leaf {p!r} has shape {_shape_text(shape)}, expected "
+                f"{_shape_text(struct.shape)} for this model config."
+            )
 
 
 def check_toolbox_params(params: PyTree, cfg: TransformerConfig, where: str = "The toolbox parameters") -> None:
@@ -344,19 +367,26 @@ def check_toolbox_params(params: PyTree, cfg: TransformerConfig, where: str = "T
     _check_toolbox(flatten_tree(params), toolbox_shapes(cfg), where)
 
 
-def _check_toolbox(flat: Mapping[str, Any], shapes: Mapping[str, jax.ShapeDtypeStruct],
-                   where: str = "The toolbox parameters") -> None:
+def _check_toolbox(
+    flat: Mapping[str, Any], shapes: Mapping[str, jax.ShapeDtypeStruct], where: str = "The toolbox parameters"
+) -> None:
     for p, struct in shapes.items():
         if p not in flat:
-            raise ValueError(f"{where} lack {p!r} (expected shape {_shape_text(struct.shape)}); they were made "
-                             "for a different model config.")
+            raise ValueError(
+                f"{where} lack {p!r} (expected shape {_shape_text(struct.shape)}); they were made "
+                "for a different model config."
+            )
         if tuple(np.shape(flat[p])) != tuple(struct.shape):
-            raise ValueError(f"{where}: {p!r} has shape {_shape_text(np.shape(flat[p]))}, expected "
-                             f"{_shape_text(struct.shape)} for this model config.")
+            raise ValueError(
+                f"{where}: {p!r} has shape {_shape_text(np.shape(flat[p]))}, expected "
+                f"{_shape_text(struct.shape)} for this model config."
+            )
     extra = [p for p in flat if p not in shapes]
     if extra:
-        raise ValueError(f"{where} have {extra[0]!r}, which this model config does not have "
-                         f"({len(extra)} such leaves); check the model config.")
+        raise ValueError(
+            f"{where} have {extra[0]!r}, which this model config does not have "
+            f"({len(extra)} such leaves); check the model config."
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -375,8 +405,9 @@ def to_gemma(params: PyTree, cfg: TransformerConfig, rules: Sequence[Rule] = RUL
     return unflatten_tree(out)
 
 
-def from_gemma(tree: Mapping[str, Any], cfg: TransformerConfig, rules: Sequence[Rule] = RULES, *,
-               ignore_unexpected: bool = False) -> PyTree:
+def from_gemma(
+    tree: Mapping[str, Any], cfg: TransformerConfig, rules: Sequence[Rule] = RULES, *, ignore_unexpected: bool = False
+) -> PyTree:
     """A gemma tree (nested or flat, optional `params` wrapper, with or without trailing `/w`) -> toolbox params.
 
     Raises ValueError naming the gemma path of a missing, unexpected or mis-shaped leaf.
@@ -412,8 +443,14 @@ def tree_metadata(directory: str | os.PathLike) -> dict[str, Any]:
     return getattr(metadata, "tree", metadata)
 
 
-def load_gemma_checkpoint(directory: str | os.PathLike, cfg: TransformerConfig, dtype: Any = None, *,
-                          rules: Sequence[Rule] = RULES, ignore_unexpected: bool = False) -> PyTree:
+def load_gemma_checkpoint(
+    directory: str | os.PathLike,
+    cfg: TransformerConfig,
+    dtype: Any = None,
+    *,
+    rules: Sequence[Rule] = RULES,
+    ignore_unexpected: bool = False,
+) -> PyTree:
     """Restores a gemma-layout orbax checkpoint on the CPU and converts it to toolbox params.
 
     Shapes are validated from the checkpoint's metadata first (ValueError naming the gemma path), then the arrays
@@ -427,8 +464,10 @@ def load_gemma_checkpoint(directory: str | os.PathLike, cfg: TransformerConfig, 
     plan, _ = _plan(cfg, rules)
     expected = {p: jax.ShapeDtypeStruct(e.shape, e.dtype) for p, e in plan.items()}
     flat_meta = flatten_tree(metadata)
-    shapes_only = {p: np.broadcast_to(np.zeros((), np.int8), tuple(m.shape)) for p, m in
-                   _normalise_gemma(unflatten_tree(flat_meta), expected).items()}
+    shapes_only = {
+        p: np.broadcast_to(np.zeros((), np.int8), tuple(m.shape))
+        for p, m in _normalise_gemma(unflatten_tree(flat_meta), expected).items()
+    }
     _check_gemma(shapes_only, expected, cfg, ignore_unexpected)
 
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
@@ -440,8 +479,14 @@ def load_gemma_checkpoint(directory: str | os.PathLike, cfg: TransformerConfig, 
     return params
 
 
-def save_gemma_checkpoint(params: PyTree, cfg: TransformerConfig, directory: str | os.PathLike, *,
-                          rules: Sequence[Rule] = RULES, force: bool = False) -> str:
+def save_gemma_checkpoint(
+    params: PyTree,
+    cfg: TransformerConfig,
+    directory: str | os.PathLike,
+    *,
+    rules: Sequence[Rule] = RULES,
+    force: bool = False,
+) -> str:
     """Converts toolbox params to the gemma tree and writes it as an orbax PyTree checkpoint; returns the path.
 
     `force=True` overwrites an existing directory.

@@ -23,122 +23,134 @@ from jaxtyping import Array, Float, Int
 
 
 def einsum(eqn: str, x: Array, w: Array, dtype: Any) -> Array:
-  """`jnp.einsum` in `dtype` with float32 accumulation, result cast back to `dtype`."""
-  out = jnp.einsum(eqn, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
-  return out.astype(dtype)
+    """`jnp.einsum` in `dtype` with float32 accumulation, result cast back to `dtype`."""
+    out = jnp.einsum(eqn, x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+    return out.astype(dtype)
 
 
 def token_einsum(eqn: str, x: Array, w: Array, dtype: Any, token_dims: int = 2) -> Array:
-  """`einsum` with the leading `token_dims` axes of x flattened into one token axis `t` (restored after).
+    """`einsum` with the leading `token_dims` axes of x flattened into one token axis `t` (restored after).
 
-  `eqn` is written for the flattened x (e.g. "td,fd->tf"). XLA:CPU computes the weight gradient of a
-  (b, l, d) x (d, f) product as a dot over two contracting axes, about 2.5x slower than the same product on
-  (b*l, d) (measured by experiments/bench_moe.py's author), so every projection runs on flat tokens.
-  """
-  lead = x.shape[:token_dims]
-  flat = x.reshape((-1,) + x.shape[token_dims:])
-  out = einsum(eqn, flat, w, dtype)
-  return out.reshape(lead + out.shape[1:])
+    `eqn` is written for the flattened x (e.g. "td,fd->tf"). XLA:CPU computes the weight gradient of a
+    (b, l, d) x (d, f) product as a dot over two contracting axes, about 2.5x slower than the same product on
+    (b*l, d) (measured by experiments/bench_moe.py's author), so every projection runs on flat tokens.
+    """
+    lead = x.shape[:token_dims]
+    flat = x.reshape((-1,) + x.shape[token_dims:])
+    out = einsum(eqn, flat, w, dtype)
+    return out.reshape(lead + out.shape[1:])
 
 
 def rms_normalize(x: Array, eps: float) -> Array:
-  """Scale-free RMS normalisation computed in float32, returned in x's dtype."""
-  x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-  return y.astype(x.dtype)
+    """Scale-free RMS normalisation computed in float32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return y.astype(x.dtype)
 
 
 class RMSNorm(nn.Module):
-  """RMSNorm with an optional learned scale (init 1, applied as `* scale`)."""
+    """RMSNorm with an optional learned scale (init 1, applied as `* scale`)."""
 
-  with_scale: bool = True
-  eps: float = 1e-6
-  param_dtype: Any = jnp.float32
+    with_scale: bool = True
+    eps: float = 1e-6
+    param_dtype: Any = jnp.float32
 
-  @nn.compact
-  def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
-    y = rms_normalize(x, self.eps)
-    if not self.with_scale:
-      return y
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
-    return (y.astype(jnp.float32) * scale.astype(jnp.float32)).astype(x.dtype)
+    @nn.compact
+    def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+        y = rms_normalize(x, self.eps)
+        if not self.with_scale:
+            return y
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        return (y.astype(jnp.float32) * scale.astype(jnp.float32)).astype(x.dtype)
 
 
 class Embedder(nn.Module):
-  """Token embedding scaled by sqrt(d), tied output head, and the expected embedding of a distribution."""
+    """Token embedding scaled by sqrt(d), tied output head, and the expected embedding of a distribution."""
 
-  vocab_size: int
-  embed_dim: int
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
+    vocab_size: int
+    embed_dim: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
 
-  def setup(self):
-    self.input_embedding = self.param(
-        "input_embedding", nn.initializers.normal(stddev=self.embed_dim**-0.5),
-        (self.vocab_size, self.embed_dim), self.param_dtype)
+    def setup(self):
+        self.input_embedding = self.param(
+            "input_embedding",
+            nn.initializers.normal(stddev=self.embed_dim**-0.5),
+            (self.vocab_size, self.embed_dim),
+            self.param_dtype,
+        )
 
-  def encode(self, tokens: Int[Array, "*b"]) -> Float[Array, "*b d"]:
-    rows = jnp.take(self.input_embedding, tokens, axis=0).astype(self.dtype)
-    return rows * jnp.asarray(self.embed_dim**0.5, self.dtype)
+    def encode(self, tokens: Int[Array, "*b"]) -> Float[Array, "*b d"]:
+        rows = jnp.take(self.input_embedding, tokens, axis=0).astype(self.dtype)
+        return rows * jnp.asarray(self.embed_dim**0.5, self.dtype)
 
-  def decode(self, x: Float[Array, "*b d"]) -> Float[Array, "*b v"]:
-    """Tied head: x @ E^T, float32 logits (computed on flattened tokens, see `token_einsum`)."""
-    flat = x.reshape(-1, x.shape[-1]).astype(self.dtype)
-    logits = jnp.einsum("td,vd->tv", flat, self.input_embedding.astype(self.dtype), preferred_element_type=jnp.float32)
-    return logits.reshape(x.shape[:-1] + (self.vocab_size,))
+    def decode(self, x: Float[Array, "*b d"]) -> Float[Array, "*b v"]:
+        """Tied head: x @ E^T, float32 logits (computed on flattened tokens, see `token_einsum`)."""
+        flat = x.reshape(-1, x.shape[-1]).astype(self.dtype)
+        logits = jnp.einsum(
+            "td,vd->tv", flat, self.input_embedding.astype(self.dtype), preferred_element_type=jnp.float32
+        )
+        return logits.reshape(x.shape[:-1] + (self.vocab_size,))
 
-  def encode_probs(self, probs: Float[Array, "*b v"]) -> Float[Array, "*b d"]:
-    """sqrt(d) * probs @ E: the expected (scaled) embedding under a predicted distribution."""
-    out = jnp.einsum("...v,vd->...d", probs.astype(self.dtype), self.input_embedding.astype(self.dtype),
-                     preferred_element_type=jnp.float32)
-    return (out * self.embed_dim**0.5).astype(self.dtype)
+    def encode_probs(self, probs: Float[Array, "*b v"]) -> Float[Array, "*b d"]:
+        """sqrt(d) * probs @ E: the expected (scaled) embedding under a predicted distribution."""
+        out = jnp.einsum(
+            "...v,vd->...d",
+            probs.astype(self.dtype),
+            self.input_embedding.astype(self.dtype),
+            preferred_element_type=jnp.float32,
+        )
+        return (out * self.embed_dim**0.5).astype(self.dtype)
 
-  def mean_embedding(self) -> Float[Array, "d"]:
-    """sqrt(d) * mean_v E[v]: what `encode_probs` gives for uniform probabilities."""
-    return (jnp.mean(self.input_embedding.astype(jnp.float32), axis=0) * self.embed_dim**0.5).astype(self.dtype)
+    def mean_embedding(self) -> Float[Array, "d"]:
+        """sqrt(d) * mean_v E[v]: what `encode_probs` gives for uniform probabilities."""
+        return (jnp.mean(self.input_embedding.astype(jnp.float32), axis=0) * self.embed_dim**0.5).astype(self.dtype)
 
-  def __call__(self, tokens):
-    return self.encode(tokens)
+    def __call__(self, tokens):
+        return self.encode(tokens)
 
 
 class FeedForward(nn.Module):
-  """Gated-GELU (tanh) FFN with gemma's parameter layout: gating_einsum (2, F, D), linear (F, D)."""
+    """Gated-GELU (tanh) FFN with gemma's parameter layout: gating_einsum (2, F, D), linear (F, D)."""
 
-  hidden_dim: int
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
+    hidden_dim: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
 
-  @nn.compact
-  def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
-    d = x.shape[-1]
-    gating = self.param("gating_einsum", nn.initializers.normal(stddev=d**-0.5), (2, self.hidden_dim, d),
-                        self.param_dtype)
-    linear = self.param("linear", nn.initializers.normal(stddev=self.hidden_dim**-0.5), (self.hidden_dim, d),
-                        self.param_dtype)
-    lead = x.shape[:-1]
-    flat = x.reshape(-1, d)
-    gate_up = einsum("td,gfd->tgf", flat, gating, self.dtype)
-    hidden = jax.nn.gelu(gate_up[:, 0], approximate=True) * gate_up[:, 1]
-    return einsum("tf,fd->td", hidden, linear, self.dtype).reshape(lead + (d,))
+    @nn.compact
+    def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+        d = x.shape[-1]
+        gating = self.param(
+            "gating_einsum", nn.initializers.normal(stddev=d**-0.5), (2, self.hidden_dim, d), self.param_dtype
+        )
+        linear = self.param(
+            "linear", nn.initializers.normal(stddev=self.hidden_dim**-0.5), (self.hidden_dim, d), self.param_dtype
+        )
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, d)
+        gate_up = einsum("td,gfd->tgf", flat, gating, self.dtype)
+        hidden = jax.nn.gelu(gate_up[:, 0], approximate=True) * gate_up[:, 1]
+        return einsum("tf,fd->td", hidden, linear, self.dtype).reshape(lead + (d,))
 
 
 def rope_inverse_frequencies(head_dim: int, base: float, proportion: float) -> Float[Array, "h2"]:
-  """Per-pair angular frequencies; pairs beyond `int(proportion * head_dim / 2)` get 0 (identity)."""
-  half = head_dim // 2
-  rotated = int(proportion * head_dim // 2)
-  idx = jnp.arange(half, dtype=jnp.float32)
-  freqs = base ** (-2.0 * idx / head_dim)
-  return jnp.where(idx < rotated, freqs, 0.0)
+    """Per-pair angular frequencies; pairs beyond `int(proportion * head_dim / 2)` get 0 (identity)."""
+    half = head_dim // 2
+    rotated = int(proportion * head_dim // 2)
+    idx = jnp.arange(half, dtype=jnp.float32)
+    freqs = base ** (-2.0 * idx / head_dim)
+    return jnp.where(idx < rotated, freqs, 0.0)
 
 
-def apply_rope(x: Float[Array, "b l n h"], positions: Int[Array, "b l"], base: float,
-               proportion: float) -> Float[Array, "b l n h"]:
-  """Half-split rotary embedding: rotates pairs (j, j + h/2) by angle position * freq_j (in float32)."""
-  head_dim = x.shape[-1]
-  freqs = rope_inverse_frequencies(head_dim, base, proportion)
-  angles = positions.astype(jnp.float32)[..., None] * freqs  # b l h/2
-  sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
-  x32 = x.astype(jnp.float32)
-  first, second = jnp.split(x32, 2, axis=-1)
-  out = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
-  return out.astype(x.dtype)
+def apply_rope(
+    x: Float[Array, "b l n h"], positions: Int[Array, "b l"], base: float, proportion: float
+) -> Float[Array, "b l n h"]:
+    """Half-split rotary embedding: rotates pairs (j, j + h/2) by angle position * freq_j (in float32)."""
+    head_dim = x.shape[-1]
+    freqs = rope_inverse_frequencies(head_dim, base, proportion)
+    angles = positions.astype(jnp.float32)[..., None] * freqs  # b l h/2
+    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    first, second = jnp.split(x32, 2, axis=-1)
+    out = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return out.astype(x.dtype)

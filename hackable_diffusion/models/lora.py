@@ -125,13 +125,13 @@ def factorization_of(path: Sequence[str]) -> tuple[Factorization, bool] | None:
     """(factorization of the unstacked weight, stacked over `layers`?) or None if the leaf is not adaptable."""
     names = tuple(path)
     for suffix, fact in FACTORIZATIONS:
-        if names[-len(suffix):] == suffix:
+        if names[-len(suffix) :] == suffix:
             return fact, "layers" in names
     return None
 
 
 def _is_expert(path: Sequence[str]) -> bool:
-    return any(tuple(path[-len(s):]) == s for s in EXPERT_SUFFIXES)
+    return any(tuple(path[-len(s) :]) == s for s in EXPERT_SUFFIXES)
 
 
 def _flatten(tree: PyTree) -> dict[tuple[str, ...], Any]:
@@ -188,8 +188,10 @@ class LoRA:
         if self.alpha is not None and self.alpha <= 0:
             raise ValueError(f"LoRA alpha must be > 0 (or None for alpha = rank), got {self.alpha}.")
         if isinstance(self.targets, str) and self.targets != ALL_LINEAR:
-            raise ValueError(f"LoRA targets must be a tuple of regexes or {ALL_LINEAR!r}, got the string "
-                             f"{self.targets!r}; wrap a single regex in a tuple.")
+            raise ValueError(
+                f"LoRA targets must be a tuple of regexes or {ALL_LINEAR!r}, got the string "
+                f"{self.targets!r}; wrap a single regex in a tuple."
+            )
         if not isinstance(self.targets, str):
             for pattern in self.targets:
                 try:
@@ -221,7 +223,8 @@ class LoRA:
                     raise ValueError(
                         f"LoRA target {pattern!r} selects no adaptable weight"
                         + (" (it matches only expert weights; set include_experts=True)" if expert_hits else "")
-                        + f". Adaptable weights: {sorted('/'.join(p) for p in candidates)}.")
+                        + f". Adaptable weights: {sorted('/'.join(p) for p in candidates)}."
+                    )
                 chosen |= hits
         if self.include_experts:
             if not experts:
@@ -235,12 +238,15 @@ class LoRA:
         """Shapes of (A, B) for the weight at `path` with (stored, maybe stacked) `shape`."""
         found = factorization_of(path)
         if found is None:
-            raise ValueError(f"{'/'.join(path)} has no LoRA factorization; adaptable leaves are listed in "
-                             "hackable_diffusion/models/lora.py FACTORIZATIONS.")
+            raise ValueError(
+                f"{'/'.join(path)} has no LoRA factorization; adaptable leaves are listed in "
+                "hackable_diffusion/models/lora.py FACTORIZATIONS."
+            )
         fact, stacked = found
         if len(shape) != fact.ndim + stacked:
-            raise ValueError(f"{'/'.join(path)} has shape {tuple(shape)}; its LoRA factorization expects "
-                             f"{fact.ndim + stacked} axes.")
+            raise ValueError(
+                f"{'/'.join(path)} has shape {tuple(shape)}; its LoRA factorization expects {fact.ndim + stacked} axes."
+            )
         batch, ins, outs = _full_axes(fact, stacked)
         a = tuple(shape[i] for i in batch + ins) + (self.rank,)
         b = tuple(shape[i] for i in batch) + (self.rank,) + tuple(shape[i] for i in outs)
@@ -264,7 +270,7 @@ class LoRA:
         offset = 0
         for names, a_shape, b_shape, bound in plan:
             size = math.prod(a_shape)
-            a = (uniform[offset:offset + size].reshape(a_shape) * bound).astype(dtype)
+            a = (uniform[offset : offset + size].reshape(a_shape) * bound).astype(dtype)
             offset += size
             _set(lora, names, {A_NAME: a, B_NAME: jnp.zeros(b_shape, dtype)})
         return lora
@@ -274,8 +280,9 @@ class LoRA:
         fact, stacked = factorization_of(path)
         batch, ins, outs = _full_axes(fact, stacked)
         equation = _delta_equation(fact.ndim + stacked, batch, ins, outs)
-        product = jnp.einsum(equation, a.astype(jnp.float32), b.astype(jnp.float32),
-                             precision=jax.lax.Precision.HIGHEST)
+        product = jnp.einsum(
+            equation, a.astype(jnp.float32), b.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
+        )
         return product * self.scale
 
     def merge(self, params: PyTree, lora: PyTree) -> PyTree:
@@ -290,9 +297,11 @@ class LoRA:
             pair = _get(lora, names)
             a_shape, b_shape = self.factor_shapes(names, weight.shape)
             if tuple(pair[A_NAME].shape) != a_shape or tuple(pair[B_NAME].shape) != b_shape:
-                raise ValueError(f"LoRA adapter {'/'.join(names)} has A {tuple(pair[A_NAME].shape)}, B "
-                                 f"{tuple(pair[B_NAME].shape)}; rank {self.rank} on weight {tuple(weight.shape)} "
-                                 f"needs A {a_shape}, B {b_shape}.")
+                raise ValueError(
+                    f"LoRA adapter {'/'.join(names)} has A {tuple(pair[A_NAME].shape)}, B "
+                    f"{tuple(pair[B_NAME].shape)}; rank {self.rank} on weight {tuple(weight.shape)} "
+                    f"needs A {a_shape}, B {b_shape}."
+                )
             fused = weight.astype(jnp.float32) + self.delta(names, pair[A_NAME], pair[B_NAME])
             _set(merged, names, fused.astype(weight.dtype))
         return merged
@@ -330,10 +339,14 @@ def lora_loss_fn(adapter: LoRA, loss_fn: Callable[..., Any]) -> Callable[..., An
 def trainable_mask(state_params: Mapping[str, PyTree]) -> PyTree:
     """For `make_optimizer` / `loop.train(trainable_mask=...)`: the base frozen, every LoRA factor trained."""
     if set(state_params) != {BASE_KEY, LORA_KEY}:
-        raise ValueError(f"LoRA training state params must be {{'{BASE_KEY}': params, '{LORA_KEY}': adapters}}, got "
-                         f"keys {sorted(state_params)}.")
-    return {BASE_KEY: jax.tree.map(lambda _: False, state_params[BASE_KEY]),
-            LORA_KEY: jax.tree.map(lambda _: True, state_params[LORA_KEY])}
+        raise ValueError(
+            f"LoRA training state params must be {{'{BASE_KEY}': params, '{LORA_KEY}': adapters}}, got "
+            f"keys {sorted(state_params)}."
+        )
+    return {
+        BASE_KEY: jax.tree.map(lambda _: False, state_params[BASE_KEY]),
+        LORA_KEY: jax.tree.map(lambda _: True, state_params[LORA_KEY]),
+    }
 
 
 def logical_axes(path: Sequence[Any], shape: Sequence[int]) -> tuple[str | None, ...]:

@@ -185,7 +185,9 @@ def _check_dispatch_inputs(x, expert_ids, weights, gating, linear, per_expert_sc
     if two != 2 or gating_dim != model_dim:
         raise ValueError(f"gating must have shape (E, 2, H, D={model_dim}), got {gating.shape}.")
     if linear.shape != (num_experts, hidden_dim, model_dim):
-        raise ValueError(f"linear must have shape (E, H, D)={(num_experts, hidden_dim, model_dim)}, got {linear.shape}.")
+        raise ValueError(
+            f"linear must have shape (E, H, D)={(num_experts, hidden_dim, model_dim)}, got {linear.shape}."
+        )
     if per_expert_scale.shape != (num_experts,):
         raise ValueError(f"per_expert_scale must have shape (E,)={(num_experts,)}, got {per_expert_scale.shape}.")
     if expert_ids.ndim != 2 or expert_ids.shape[0] != num_tokens or weights.shape != expert_ids.shape:
@@ -317,8 +319,8 @@ class RaggedDispatch:
         group_sizes = jnp.zeros((num_experts + 1,), jnp.int32).at[flat_expert].add(1)[:num_experts]
         # sorted row -> token (padding rows read zeros), assignment -> sorted row.
         token_of_row = jnp.where(real_sorted, order % num_tokens, num_tokens)
-        row_of_assignment = jnp.zeros((num_assignments,), jnp.int32).at[order].set(
-            jnp.arange(num_assignments, dtype=jnp.int32)
+        row_of_assignment = (
+            jnp.zeros((num_assignments,), jnp.int32).at[order].set(jnp.arange(num_assignments, dtype=jnp.int32))
         )
         row_of_assignment = jnp.where(flat_expert < num_experts, row_of_assignment, num_assignments)
         row_of_assignment = row_of_assignment.reshape(top_k, num_tokens)
@@ -432,15 +434,17 @@ class MoEFeedForward(nn.Module):
         per_expert_scale = self.param("per_expert_scale", nn.initializers.ones, (num_experts,), self.param_dtype)
         gating = self.param(
             "gating_einsum",
-            nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-1, out_axis=-2,
-                                             batch_axis=(0, 1)),
+            nn.initializers.variance_scaling(
+                1.0, "fan_in", "truncated_normal", in_axis=-1, out_axis=-2, batch_axis=(0, 1)
+            ),
             (num_experts, 2, self.hidden_dim, model_dim),
             self.param_dtype,
         )
         linear = self.param(
             "linear",
-            nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1,
-                                             batch_axis=(0,)),
+            nn.initializers.variance_scaling(
+                1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1, batch_axis=(0,)
+            ),
             (num_experts, self.hidden_dim, model_dim),
             self.param_dtype,
         )

@@ -31,15 +31,19 @@ _RULES: dict[tuple[str, ...], tuple[str | None, ...]] = {
 
 
 def logical_axes(path: Sequence[str], shape: Sequence[int]) -> tuple[str | None, ...]:
-  """Logical axes of the parameter at `path` (e.g. ('layers', 'block_0', 'attn', 'q_einsum'))."""
-  names = [str(p) for p in path if str(p) != "params"]
-  for key, axes in _RULES.items():
-    if tuple(names[-len(key):]) == key:
-      if "layers" in names:
-        axes = ("layers",) + axes
-      if len(axes) != len(shape):
-        raise ValueError(f"Parameter {'/'.join(names)} has shape {tuple(shape)} but its logical axes {axes} "
-                         f"have {len(axes)} entries.")
-      return axes
-  raise ValueError(f"No logical axes known for parameter {'/'.join(names)} (shape {tuple(shape)}); add it to "
-                   "hackable_diffusion/models/partitioning.py.")
+    """Logical axes of the parameter at `path` (e.g. ('layers', 'block_0', 'attn', 'q_einsum'))."""
+    names = [str(p) for p in path if str(p) != "params"]
+    for key, axes in _RULES.items():
+        if tuple(names[-len(key) :]) == key:
+            if "layers" in names:
+                axes = ("layers",) + axes
+            if len(axes) != len(shape):
+                raise ValueError(
+                    f"Parameter {'/'.join(names)} has shape {tuple(shape)} but its logical axes {axes} "
+                    f"have {len(axes)} entries."
+                )
+            return axes
+    raise ValueError(
+        f"No logical axes known for parameter {'/'.join(names)} (shape {tuple(shape)}); add it to "
+        "hackable_diffusion/models/partitioning.py."
+    )

@@ -11,66 +11,98 @@ from typing import Any
 
 
 def diffusiongemma_26b_a4b() -> dict[str, Any]:
-  """Gemma-4 26B-A4B: 30 layers (5 local + 1 global), d 2816, 128 experts top-8."""
-  return dict(
-      vocab_size=262_144,
-      embed_dim=2816,
-      num_layers=30,
-      num_heads=16,
-      head_dim=256,
-      num_kv_heads=8,
-      ffw_hidden=2112,
-      moe=dict(num_experts=128, top_k=8, hidden_dim=704, dispatch="ragged"),
-      layer_pattern=("local",) * 5 + ("global",),
-      sliding_window=1024,
-      global_head_dim=512,
-      global_num_kv_heads=2,
-      k_eq_v_global=True,
-      rope_local_base=10_000.0,
-      rope_local_proportion=1.0,
-      rope_global_base=1_000_000.0,
-      rope_global_proportion=0.25,
-      final_logit_softcap=30.0,
-      param_dtype="bfloat16",
-      compute_dtype="bfloat16",
-  )
+    """Gemma-4 26B-A4B: 30 layers (5 local + 1 global), d 2816, 128 experts top-8."""
+    return dict(
+        vocab_size=262_144,
+        embed_dim=2816,
+        num_layers=30,
+        num_heads=16,
+        head_dim=256,
+        num_kv_heads=8,
+        ffw_hidden=2112,
+        moe=dict(num_experts=128, top_k=8, hidden_dim=704, dispatch="ragged"),
+        layer_pattern=("local",) * 5 + ("global",),
+        sliding_window=1024,
+        global_head_dim=512,
+        global_num_kv_heads=2,
+        k_eq_v_global=True,
+        rope_local_base=10_000.0,
+        rope_local_proportion=1.0,
+        rope_global_base=1_000_000.0,
+        rope_global_proportion=0.25,
+        final_logit_softcap=30.0,
+        param_dtype="bfloat16",
+        compute_dtype="bfloat16",
+    )
 
 
 def derived(**overrides: Any) -> dict[str, Any]:
-  """The 26B-A4B dictionary with some fields replaced (a `moe` dict is merged, `moe=None` removes it)."""
-  shape = diffusiongemma_26b_a4b()
-  if overrides.get("moe") is not None:
-    overrides["moe"] = {**shape["moe"], **overrides["moe"]}
-  shape.update(overrides)
-  return shape
+    """The 26B-A4B dictionary with some fields replaced (a `moe` dict is merged, `moe=None` removes it)."""
+    shape = diffusiongemma_26b_a4b()
+    if overrides.get("moe") is not None:
+        overrides["moe"] = {**shape["moe"], **overrides["moe"]}
+    shape.update(overrides)
+    return shape
 
 
 def tiny(vocab_size: int = 64, moe: bool = True) -> dict[str, Any]:
-  """A few-thousand-parameter shape for tests: one local + one global layer, all features on."""
-  return derived(
-      vocab_size=vocab_size, embed_dim=32, num_layers=2, num_heads=4, head_dim=8, num_kv_heads=2, ffw_hidden=48,
-      layer_pattern=("local", "global"), sliding_window=4, global_head_dim=16, global_num_kv_heads=1,
-      moe=dict(num_experts=4, top_k=2, hidden_dim=16, dispatch="sorted", capacity_factor=2.0) if moe else None,
-      param_dtype="float32", compute_dtype="float32")
+    """A few-thousand-parameter shape for tests: one local + one global layer, all features on."""
+    return derived(
+        vocab_size=vocab_size,
+        embed_dim=32,
+        num_layers=2,
+        num_heads=4,
+        head_dim=8,
+        num_kv_heads=2,
+        ffw_hidden=48,
+        layer_pattern=("local", "global"),
+        sliding_window=4,
+        global_head_dim=16,
+        global_num_kv_heads=1,
+        moe=dict(num_experts=4, top_k=2, hidden_dim=16, dispatch="sorted", capacity_factor=2.0) if moe else None,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 def small(vocab_size: int = 128, moe: bool = False) -> dict[str, Any]:
-  """About 20M parameters (dense) for CPU training; the MoE variant has equal active parameters.
+    """About 20M parameters (dense) for CPU training; the MoE variant has equal active parameters.
 
-  Dense: FFN hidden 1536. MoE: dense FFN hidden 768 plus 8 experts top-2 of hidden 384 (768 active).
-  """
-  return derived(
-      vocab_size=vocab_size, embed_dim=512, num_layers=6, num_heads=8, head_dim=64, num_kv_heads=4,
-      ffw_hidden=768 if moe else 1536, layer_pattern=("local", "local", "global"), sliding_window=256,
-      global_head_dim=64, global_num_kv_heads=2,
-      moe=dict(num_experts=8, top_k=2, hidden_dim=384, dispatch="sorted", capacity_factor=1.25) if moe else None,
-      param_dtype="float32", compute_dtype="float32")
+    Dense: FFN hidden 1536. MoE: dense FFN hidden 768 plus 8 experts top-2 of hidden 384 (768 active).
+    """
+    return derived(
+        vocab_size=vocab_size,
+        embed_dim=512,
+        num_layers=6,
+        num_heads=8,
+        head_dim=64,
+        num_kv_heads=4,
+        ffw_hidden=768 if moe else 1536,
+        layer_pattern=("local", "local", "global"),
+        sliding_window=256,
+        global_head_dim=64,
+        global_num_kv_heads=2,
+        moe=dict(num_experts=8, top_k=2, hidden_dim=384, dispatch="sorted", capacity_factor=1.25) if moe else None,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 def quickstart(vocab_size: int = 128) -> dict[str, Any]:
-  """About 1M parameters with every feature on (MoE, K=V globals, partial RoPE): trains in minutes on a CPU."""
-  return derived(
-      vocab_size=vocab_size, embed_dim=128, num_layers=4, num_heads=4, head_dim=32, num_kv_heads=2, ffw_hidden=256,
-      layer_pattern=("local", "global"), sliding_window=64, global_head_dim=32, global_num_kv_heads=1,
-      moe=dict(num_experts=4, top_k=2, hidden_dim=128, dispatch="sorted", capacity_factor=2.0),
-      param_dtype="float32", compute_dtype="float32")
+    """About 1M parameters with every feature on (MoE, K=V globals, partial RoPE): trains in minutes on a CPU."""
+    return derived(
+        vocab_size=vocab_size,
+        embed_dim=128,
+        num_layers=4,
+        num_heads=4,
+        head_dim=32,
+        num_kv_heads=2,
+        ffw_hidden=256,
+        layer_pattern=("local", "global"),
+        sliding_window=64,
+        global_head_dim=32,
+        global_num_kv_heads=1,
+        moe=dict(num_experts=4, top_k=2, hidden_dim=128, dispatch="sorted", capacity_factor=2.0),
+        param_dtype="float32",
+        compute_dtype="float32",
+    )

@@ -28,13 +28,13 @@ NULL_SIGNALS = ("zeros", "mean_embedding")
 
 
 class SelfConditioning(nn.Module):
-  hidden_dim: int
-  eps: float = 1e-6
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
+    hidden_dim: int
+    eps: float = 1e-6
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
 
-  @nn.compact
-  def __call__(self, token_embeddings: Float[Array, "b l d"], signal: Float[Array, "b l d"]) -> Float[Array, "b l d"]:
-    h = RMSNorm(eps=self.eps, param_dtype=self.param_dtype, name="pre_norm")(signal.astype(self.dtype))
-    h = FeedForward(self.hidden_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="ffw")(h)
-    return rms_normalize(token_embeddings + h, self.eps)
+    @nn.compact
+    def __call__(self, token_embeddings: Float[Array, "b l d"], signal: Float[Array, "b l d"]) -> Float[Array, "b l d"]:
+        h = RMSNorm(eps=self.eps, param_dtype=self.param_dtype, name="pre_norm")(signal.astype(self.dtype))
+        h = FeedForward(self.hidden_dim, dtype=self.dtype, param_dtype=self.param_dtype, name="ffw")(h)
+        return rms_normalize(token_embeddings + h, self.eps)

@@ -71,8 +71,12 @@ class DiffusionSampler:
     forbidden_tokens: tuple[int, ...] = ()
 
     def __post_init__(self):
-        checks = (("process", NoiseProcess), ("selection", SelectionRule), ("temperature", Temperature),
-                  ("early_stopping", EarlyStopping))
+        checks = (
+            ("process", NoiseProcess),
+            ("selection", SelectionRule),
+            ("temperature", Temperature),
+            ("early_stopping", EarlyStopping),
+        )
         for name, kind in checks:
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"DiffusionSampler.{name} must be a {kind.__name__}, got {getattr(self, name)!r}.")
@@ -83,8 +87,10 @@ class DiffusionSampler:
         if self.null_signal not in NULL_SIGNALS:
             raise ValueError(f"DiffusionSampler.null_signal must be one of {NULL_SIGNALS}, got {self.null_signal!r}.")
         if self.selection.remasks and not self.persistent:
-            raise ValueError(f"{type(self.selection).__name__} re-masks committed tokens and needs a MaskingProcess, "
-                             f"got {type(self.process).__name__}.")
+            raise ValueError(
+                f"{type(self.selection).__name__} re-masks committed tokens and needs a MaskingProcess, "
+                f"got {type(self.process).__name__}."
+            )
         forbidden = tuple(int(i) for i in self.forbidden_tokens)
         bad = [i for i in forbidden if not 0 <= i < self.process.vocab_size]
         if bad:
@@ -107,8 +113,10 @@ class DiffusionSampler:
 
     def uses_self_conditioning(self, model: T.Transformer) -> bool:
         if self.self_conditioning and not model.cfg.self_conditioning:
-            raise ValueError("DiffusionSampler.self_conditioning=True but the model has no self-conditioner "
-                             "(model.self_conditioning=False); set it to None or False.")
+            raise ValueError(
+                "DiffusionSampler.self_conditioning=True but the model has no self-conditioner "
+                "(model.self_conditioning=False); set it to None or False."
+            )
         return model.cfg.self_conditioning if self.self_conditioning is None else self.self_conditioning
 
     def logit_bias(self) -> Float[Array, "v"]:
@@ -119,8 +127,14 @@ class DiffusionSampler:
             bias[self.process.mask_id] = NEG_LOGIT
         return jnp.asarray(bias)
 
-    def initial_canvas(self, keys: Array, batch_size: int, *, fixed: Bool[Array, "b c"] | None = None,
-                       fixed_tokens: Int[Array, "b c"] | None = None) -> Int[Array, "b c"]:
+    def initial_canvas(
+        self,
+        keys: Array,
+        batch_size: int,
+        *,
+        fixed: Bool[Array, "b c"] | None = None,
+        fixed_tokens: Int[Array, "b c"] | None = None,
+    ) -> Int[Array, "b c"]:
         """A canvas drawn from the prior (one key per row), with `fixed_tokens` written where `fixed`."""
         keys = row_keys(keys, batch_size)
         canvas = jax.vmap(lambda k: self.process.prior_sample(k, (self.canvas_length,)))(keys).astype(jnp.int32)
@@ -153,27 +167,37 @@ def row_keys(key: Any, batch_size: int) -> Array:
     key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
     if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
         if key.dtype != jnp.uint32 or key.shape[-1:] != (2,):
-            raise ValueError(f"key must be an int seed, a jax.random.key or raw uint32 key data, got dtype {key.dtype} "
-                             f"shape {key.shape}.")
+            raise ValueError(
+                f"key must be an int seed, a jax.random.key or raw uint32 key data, got dtype {key.dtype} "
+                f"shape {key.shape}."
+            )
         key = jax.random.wrap_key_data(key)
     if key.ndim == 0:
         return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch_size))
     if key.shape != (batch_size,):
-        raise ValueError(f"got {key.shape[0] if key.ndim else 1} keys for a batch of {batch_size} rows; pass one key "
-                         f"per row or a single key.")
+        raise ValueError(
+            f"got {key.shape[0] if key.ndim else 1} keys for a batch of {batch_size} rows; pass one key "
+            f"per row or a single key."
+        )
     return key
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
-def canvas_logits(model: T.Transformer, params: Any, cache: KVCache, canvas: Int[Array, "b c"],
-                  sc_signal: Float[Array, "b c d"] | None = None) -> Float[Array, "b c v"]:
+def canvas_logits(
+    model: T.Transformer,
+    params: Any,
+    cache: KVCache,
+    canvas: Int[Array, "b c"],
+    sc_signal: Float[Array, "b c d"] | None = None,
+) -> Float[Array, "b c v"]:
     """The model call of one denoising step: decoder mode over the cached prefix, bidirectional over the canvas."""
     logits, _ = T.decode_block(model, params, canvas, cache, sc_signal=sc_signal)
     return logits
 
 
-def _denoise(model, params, cache, canvas, keys, fixed, active, *, sampler: DiffusionSampler,
-             return_trajectory: bool) -> CanvasResult:
+def _denoise(
+    model, params, cache, canvas, keys, fixed, active, *, sampler: DiffusionSampler, return_trajectory: bool
+) -> CanvasResult:
     b, c = canvas.shape
     num_steps = sampler.num_steps
     process = sampler.process
@@ -214,8 +238,9 @@ def _denoise(model, params, cache, canvas, keys, fixed, active, *, sampler: Diff
             done=state["done"] | stop,
         )
         if has_sc:
-            new_state["sc"] = T.model_method(model, params, "sc_signal", shaped).astype(null_sc.dtype) if use_sc \
-                else null_sc
+            new_state["sc"] = (
+                T.model_method(model, params, "sc_signal", shaped).astype(null_sc.dtype) if use_sc else null_sc
+            )
         if return_trajectory:
             new_state["trajectory"] = state["trajectory"].at[step].set(new_state["canvas"])
         return new_state
@@ -230,16 +255,26 @@ def _denoise(model, params, cache, canvas, keys, fixed, active, *, sampler: Diff
     if return_trajectory:
         executed = (jnp.arange(num_steps) < state["step"])[:, None, None]
         trajectory = jnp.where(executed, state["trajectory"], state["canvas"][None])
-    return CanvasResult(canvas=state["canvas"], steps=state["steps"], forward_passes=state["step"],
-                        trajectory=trajectory)
+    return CanvasResult(
+        canvas=state["canvas"], steps=state["steps"], forward_passes=state["step"], trajectory=trajectory
+    )
 
 
 _denoise_jit = jax.jit(_denoise, static_argnames=("model", "sampler", "return_trajectory"))
 
 
-def denoise_canvas(model: T.Transformer, params: Any, cache: KVCache, canvas_init: Int[Array, "b c"], key: Any, *,
-                   sampler: DiffusionSampler, fixed: Bool[Array, "b c"] | None = None,
-                   active: Bool[Array, "b"] | None = None, return_trajectory: bool = False) -> CanvasResult:
+def denoise_canvas(
+    model: T.Transformer,
+    params: Any,
+    cache: KVCache,
+    canvas_init: Int[Array, "b c"],
+    key: Any,
+    *,
+    sampler: DiffusionSampler,
+    fixed: Bool[Array, "b c"] | None = None,
+    active: Bool[Array, "b"] | None = None,
+    return_trajectory: bool = False,
+) -> CanvasResult:
     """Denoises `canvas_init` (its free positions are the starting noise, its fixed positions the given tokens).
 
     key: an int seed, a single key (rows get fold_in(key, row)) or one key per row (batch-independent randomness).
@@ -253,8 +288,10 @@ def denoise_canvas(model: T.Transformer, params: Any, cache: KVCache, canvas_ini
     if cache.batch_size != b:
         raise ValueError(f"the cache holds {cache.batch_size} rows but the canvas has {b}.")
     if sampler.process.vocab_size != model.cfg.vocab_size:
-        raise ValueError(f"the sampler's process has vocab_size {sampler.process.vocab_size} but the model has "
-                         f"{model.cfg.vocab_size}.")
+        raise ValueError(
+            f"the sampler's process has vocab_size {sampler.process.vocab_size} but the model has "
+            f"{model.cfg.vocab_size}."
+        )
     sampler.uses_self_conditioning(model)
     fixed = jnp.zeros((b, c), bool) if fixed is None else jnp.asarray(fixed, bool)
     if fixed.shape != (b, c):
@@ -262,5 +299,14 @@ def denoise_canvas(model: T.Transformer, params: Any, cache: KVCache, canvas_ini
     active = jnp.ones((b,), bool) if active is None else jnp.asarray(active, bool)
     if active.shape != (b,):
         raise ValueError(f"active must have shape ({b},), got {active.shape}.")
-    return _denoise_jit(model, params, cache, canvas_init, row_keys(key, b), fixed, active, sampler=sampler,
-                        return_trajectory=return_trajectory)
+    return _denoise_jit(
+        model,
+        params,
+        cache,
+        canvas_init,
+        row_keys(key, b),
+        fixed,
+        active,
+        sampler=sampler,
+        return_trajectory=return_trajectory,
+    )

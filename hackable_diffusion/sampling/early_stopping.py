@@ -38,8 +38,13 @@ class EarlyStopping(abc.ABC):
     """`rule(logits, previous, current, free) -> stop (b,)`."""
 
     @abc.abstractmethod
-    def __call__(self, logits: Float[Array, "b c v"], previous: Int[Array, "b c"], current: Int[Array, "b c"],
-                 free: Bool[Array, "b c"]) -> Bool[Array, "b"]:
+    def __call__(
+        self,
+        logits: Float[Array, "b c v"],
+        previous: Int[Array, "b c"],
+        current: Int[Array, "b c"],
+        free: Bool[Array, "b c"],
+    ) -> Bool[Array, "b"]:
         """True for the rows that may stop after this step."""
 
 
@@ -59,8 +64,9 @@ class TokenStability(EarlyStopping):
 
     def __post_init__(self):
         if self.against not in ("input", "output"):
-            raise ValueError(f"TokenStability: against must be 'input' (the reference) or 'output', "
-                             f"got {self.against!r}.")
+            raise ValueError(
+                f"TokenStability: against must be 'input' (the reference) or 'output', got {self.against!r}."
+            )
 
     def __call__(self, logits, previous, current, free):
         reference = previous if self.against == "input" else current
@@ -93,8 +99,10 @@ class Chained(EarlyStopping):
     def __post_init__(self):
         rules = tuple(self.rules) if isinstance(self.rules, Sequence) else self.rules
         if not isinstance(rules, tuple) or not rules:
-            raise ValueError("Chained needs a non-empty sequence of early-stopping rules (it is their AND); "
-                             "use NoEarlyStop() to never stop early.")
+            raise ValueError(
+                "Chained needs a non-empty sequence of early-stopping rules (it is their AND); "
+                "use NoEarlyStop() to never stop early."
+            )
         bad = [r for r in rules if not isinstance(r, EarlyStopping)]
         if bad:
             raise ValueError(f"Chained: {bad} are not EarlyStopping rules.")

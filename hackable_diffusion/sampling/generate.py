@@ -81,8 +81,8 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> tuple
     tokens = np.full((len(rows), width), pad_id, np.int32)
     mask = np.zeros((len(rows), width), bool)
     for i, r in enumerate(rows):
-        tokens[i, :len(r)] = r
-        mask[i, :len(r)] = True
+        tokens[i, : len(r)] = r
+        mask[i, : len(r)] = True
     return jnp.asarray(tokens), jnp.asarray(mask)
 
 
@@ -95,15 +95,22 @@ def _as_prompt_batch(prompts, prompt_mask) -> tuple[Array, Array]:
         tokens = jnp.asarray(prompts, jnp.int32)
         if tokens.ndim == 1:
             tokens = tokens[None]
-        mask = jnp.ones(tokens.shape, bool) if prompt_mask is None else jnp.asarray(prompt_mask, bool).reshape(
-            tokens.shape)
+        mask = (
+            jnp.ones(tokens.shape, bool)
+            if prompt_mask is None
+            else jnp.asarray(prompt_mask, bool).reshape(tokens.shape)
+        )
     if tokens.ndim != 2 or tokens.shape[1] == 0:
-        raise ValueError(f"prompts must be (batch, width >= 1) token ids, got shape {tokens.shape}; an empty prompt "
-                         f"has nothing to condition on: start it with BOS (tokenizers.BOS_ID).")
+        raise ValueError(
+            f"prompts must be (batch, width >= 1) token ids, got shape {tokens.shape}; an empty prompt "
+            f"has nothing to condition on: start it with BOS (tokenizers.BOS_ID)."
+        )
     empty = np.flatnonzero(~np.asarray(mask).any(axis=1))
     if empty.size:
-        raise ValueError(f"prompt rows {empty.tolist()} have no real token; start every prompt with BOS "
-                         f"(tokenizers.BOS_ID), which is also how to ask for unconditional generation.")
+        raise ValueError(
+            f"prompt rows {empty.tolist()} have no real token; start every prompt with BOS "
+            f"(tokenizers.BOS_ID), which is also how to ask for unconditional generation."
+        )
     return tokens, mask
 
 
@@ -128,8 +135,9 @@ def _lengths(tokens: np.ndarray, stop_tokens: Sequence[int], produced: int) -> n
 
 
 @functools.partial(jax.jit, static_argnames=("model", "cache_length"))
-def prefill(model: T.Transformer, params: Any, tokens: Int[Array, "b p"], token_mask: Bool[Array, "b p"], *,
-            cache_length: int) -> tuple[Float[Array, "b p v"], KVCache]:
+def prefill(
+    model: T.Transformer, params: Any, tokens: Int[Array, "b p"], token_mask: Bool[Array, "b p"], *, cache_length: int
+) -> tuple[Float[Array, "b p v"], KVCache]:
     """Encodes right-padded prompts causally into a fresh cache of `cache_length` slots (end_index = p afterwards)."""
     cache = init_cache(model.cfg, tokens.shape[0], cache_length)
     return T.append(model, params, tokens, cache, token_mask=token_mask)
@@ -142,8 +150,9 @@ def commit_canvas(model: T.Transformer, params: Any, cache: KVCache, canvas: Int
 
 
 @jax.jit
-def truncate_at_stop(canvas: Int[Array, "b c"], stop_tokens: Int[Array, "n"],
-                     active: Bool[Array, "b"]) -> tuple[Int[Array, "b c"], Bool[Array, "b"]]:
+def truncate_at_stop(
+    canvas: Int[Array, "b c"], stop_tokens: Int[Array, "n"], active: Bool[Array, "b"]
+) -> tuple[Int[Array, "b c"], Bool[Array, "b"]]:
     """Keeps each active row up to and including its first stop token, PAD after; inactive rows become all PAD.
 
     Returns (canvas, stopped): stopped marks the active rows that contained a stop token.
@@ -162,11 +171,21 @@ def _start_canvas(keys, index, fixed, fixed_tokens, *, sampler):
     return init, canvas_keys[:, 1]
 
 
-def generate(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Sequence[Sequence[int]], *,
-             sampler: DiffusionSampler, key: Any, max_new_tokens: int,
-             prompt_mask: Bool[Array, "b p"] | None = None, stop_tokens: Sequence[int] = (EOS_ID,),
-             cache_length: int | None = None, fixed: Bool[Array, "b n"] | None = None,
-             fixed_tokens: Int[Array, "b n"] | None = None, return_trajectory: bool = False) -> GenerationResult:
+def generate(
+    model: T.Transformer,
+    params: Any,
+    prompts: Int[Array, "b p"] | Sequence[Sequence[int]],
+    *,
+    sampler: DiffusionSampler,
+    key: Any,
+    max_new_tokens: int,
+    prompt_mask: Bool[Array, "b p"] | None = None,
+    stop_tokens: Sequence[int] = (EOS_ID,),
+    cache_length: int | None = None,
+    fixed: Bool[Array, "b n"] | None = None,
+    fixed_tokens: Int[Array, "b n"] | None = None,
+    return_trajectory: bool = False,
+) -> GenerationResult:
     """Generates up to `max_new_tokens` after each prompt, one canvas of `sampler.canvas_length` at a time.
 
     prompts: a (b, p) array (right-padded, with `prompt_mask`) or ragged lists of token ids (padded here).
@@ -183,13 +202,17 @@ def generate(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Seq
     if cache_length is None:
         cache_length = width + num_canvases * c
     if width + c > cache_length:
-        raise ValueError(f"the prompt ({width} slots) plus one canvas ({c} tokens) needs {width + c} cache slots but "
-                         f"cache_length={cache_length}; shorten the prompt, use a shorter canvas or a longer cache.")
+        raise ValueError(
+            f"the prompt ({width} slots) plus one canvas ({c} tokens) needs {width + c} cache slots but "
+            f"cache_length={cache_length}; shorten the prompt, use a shorter canvas or a longer cache."
+        )
     num_canvases = min(num_canvases, (cache_length - width) // c)
     sampler.uses_self_conditioning(model)
     if sampler.process.vocab_size != model.cfg.vocab_size:
-        raise ValueError(f"the sampler's process has vocab_size {sampler.process.vocab_size} but the model has "
-                         f"{model.cfg.vocab_size}.")
+        raise ValueError(
+            f"the sampler's process has vocab_size {sampler.process.vocab_size} but the model has "
+            f"{model.cfg.vocab_size}."
+        )
 
     region = num_canvases * c
     fixed_all = np.zeros((b, max(region, max_new_tokens)), bool)
@@ -199,12 +222,18 @@ def generate(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Seq
         if fixed_tokens is None:
             raise ValueError("fixed was given without fixed_tokens (the tokens to hold at those positions).")
         fixed_tokens = np.asarray(fixed_tokens, np.int32)
-        if fixed.ndim != 2 or fixed.shape[0] != b or fixed.shape[1] > max_new_tokens or fixed_tokens.shape != \
-                fixed.shape:
-            raise ValueError(f"fixed and fixed_tokens must both have shape ({b}, n <= max_new_tokens="
-                             f"{max_new_tokens}), got {fixed.shape} and {fixed_tokens.shape}.")
-        fixed_all[:, :fixed.shape[1]] = fixed
-        given_all[:, :fixed.shape[1]] = fixed_tokens
+        if (
+            fixed.ndim != 2
+            or fixed.shape[0] != b
+            or fixed.shape[1] > max_new_tokens
+            or fixed_tokens.shape != fixed.shape
+        ):
+            raise ValueError(
+                f"fixed and fixed_tokens must both have shape ({b}, n <= max_new_tokens="
+                f"{max_new_tokens}), got {fixed.shape} and {fixed_tokens.shape}."
+            )
+        fixed_all[:, : fixed.shape[1]] = fixed
+        given_all[:, : fixed.shape[1]] = fixed_tokens
 
     keys = row_keys(key, b)
     _, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
@@ -218,8 +247,17 @@ def generate(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Seq
         span = slice(index * c, (index + 1) * c)
         canvas_fixed, canvas_given = fixed_all[:, span], given_all[:, span]
         init, canvas_keys = _start_canvas(keys, index, canvas_fixed, canvas_given, sampler=sampler)
-        result = denoise_canvas(model, params, cache, init, canvas_keys, sampler=sampler, fixed=canvas_fixed,
-                                active=active, return_trajectory=return_trajectory)
+        result = denoise_canvas(
+            model,
+            params,
+            cache,
+            init,
+            canvas_keys,
+            sampler=sampler,
+            fixed=canvas_fixed,
+            active=active,
+            return_trajectory=return_trajectory,
+        )
         canvas, stopped = truncate_at_stop(result.canvas, stop, active)
         cache = commit_canvas(model, params, cache, canvas)
         forward_passes += int(result.forward_passes) + 1
@@ -233,11 +271,15 @@ def generate(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Seq
     out = np.full((b, max_new_tokens), PAD_ID, np.int32)
     if outputs:
         generated = np.concatenate(outputs, axis=1)[:, :max_new_tokens]
-        out[:, :generated.shape[1]] = generated
+        out[:, : generated.shape[1]] = generated
     return GenerationResult(
-        tokens=out, lengths=_lengths(out, stop_tokens, produced), forward_passes=forward_passes,
+        tokens=out,
+        lengths=_lengths(out, stop_tokens, produced),
+        forward_passes=forward_passes,
         steps=np.stack(steps, axis=1) if steps else np.zeros((b, 0), np.int32),
-        trajectories=tuple(trajectories) if return_trajectory else None, cache=cache)
+        trajectories=tuple(trajectories) if return_trajectory else None,
+        cache=cache,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -296,19 +338,37 @@ def _ar_decode(model, params, cache, first_logits, keys, stop, bias, *, sampling
         token = sampling(step_keys, state["logits"] + bias)
         token = jnp.where(done, PAD_ID, token)
         logits, cache = T.append(model, params, token[:, None], state["cache"], token_mask=~done[:, None])
-        return dict(i=i + 1, done=done | jnp.isin(token, stop), cache=cache, logits=logits[:, 0].astype(jnp.float32),
-                    tokens=state["tokens"].at[:, i].set(token))
+        return dict(
+            i=i + 1,
+            done=done | jnp.isin(token, stop),
+            cache=cache,
+            logits=logits[:, 0].astype(jnp.float32),
+            tokens=state["tokens"].at[:, i].set(token),
+        )
 
-    state = dict(i=jnp.zeros((), jnp.int32), done=jnp.zeros((b,), bool), cache=cache,
-                 logits=first_logits.astype(jnp.float32), tokens=jnp.full((b, max_new_tokens), PAD_ID, jnp.int32))
+    state = dict(
+        i=jnp.zeros((), jnp.int32),
+        done=jnp.zeros((b,), bool),
+        cache=cache,
+        logits=first_logits.astype(jnp.float32),
+        tokens=jnp.full((b, max_new_tokens), PAD_ID, jnp.int32),
+    )
     state = jax.lax.while_loop(cond, body, state)
     return state["tokens"], state["i"], state["cache"]
 
 
-def generate_ar(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | Sequence[Sequence[int]], *,
-                key: Any, max_new_tokens: int, sampling: ARSampling = ARSampling(),
-                prompt_mask: Bool[Array, "b p"] | None = None, stop_tokens: Sequence[int] = (EOS_ID,),
-                forbidden_tokens: Sequence[int] = ()) -> GenerationResult:
+def generate_ar(
+    model: T.Transformer,
+    params: Any,
+    prompts: Int[Array, "b p"] | Sequence[Sequence[int]],
+    *,
+    key: Any,
+    max_new_tokens: int,
+    sampling: ARSampling = ARSampling(),
+    prompt_mask: Bool[Array, "b p"] | None = None,
+    stop_tokens: Sequence[int] = (EOS_ID,),
+    forbidden_tokens: Sequence[int] = (),
+) -> GenerationResult:
     """Autoregressive decoding with the KV cache: prefill, then one token per step until every row hit a stop token
     (kept, PAD after) or `max_new_tokens`. Row randomness comes from the row's own key, as in `generate`."""
     tokens, mask = _as_prompt_batch(prompts, prompt_mask)
@@ -319,8 +379,18 @@ def generate_ar(model: T.Transformer, params: Any, prompts: Int[Array, "b p"] | 
     first_logits = jnp.take_along_axis(logits, last_real[:, None, None], axis=1)[:, 0]
     bias = np.zeros(model.cfg.vocab_size, np.float32)
     bias[[int(t) for t in forbidden_tokens]] = NEG_LOGIT
-    out, steps, cache = _ar_decode(model, params, cache, first_logits, row_keys(key, b), _stop_array(stop_tokens),
-                                   jnp.asarray(bias), sampling=sampling, max_new_tokens=max_new_tokens)
+    out, steps, cache = _ar_decode(
+        model,
+        params,
+        cache,
+        first_logits,
+        row_keys(key, b),
+        _stop_array(stop_tokens),
+        jnp.asarray(bias),
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+    )
     out = np.asarray(out)
-    return GenerationResult(tokens=out, lengths=_lengths(out, stop_tokens, int(steps)),
-                            forward_passes=1 + int(steps), cache=cache)
+    return GenerationResult(
+        tokens=out, lengths=_lengths(out, stop_tokens, int(steps)), forward_passes=1 + int(steps), cache=cache
+    )

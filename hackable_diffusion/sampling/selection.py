@@ -91,14 +91,22 @@ class StepInfo:
     persistent: bool
 
     @classmethod
-    def at(cls, step: int | Int[Array, ""], num_steps: int, schedule: Schedule, free: Bool[Array, "b c"],
-           persistent: bool) -> StepInfo:
+    def at(
+        cls, step: int | Int[Array, ""], num_steps: int, schedule: Schedule, free: Bool[Array, "b c"], persistent: bool
+    ) -> StepInfo:
         step = jnp.asarray(step, jnp.int32)
         t = 1.0 - step.astype(jnp.float32) / num_steps
         s = 1.0 - (step + 1).astype(jnp.float32) / num_steps
-        return cls(step=step, num_steps=num_steps, t=t, s=s, alpha_t=jnp.asarray(schedule.alpha(t), jnp.float32),
-                   alpha_s=jnp.asarray(schedule.alpha(s), jnp.float32), free=jnp.asarray(free, bool),
-                   persistent=persistent)
+        return cls(
+            step=step,
+            num_steps=num_steps,
+            t=t,
+            s=s,
+            alpha_t=jnp.asarray(schedule.alpha(t), jnp.float32),
+            alpha_s=jnp.asarray(schedule.alpha(s), jnp.float32),
+            free=jnp.asarray(free, bool),
+            persistent=persistent,
+        )
 
     @property
     def is_last(self) -> Bool[Array, ""]:
@@ -246,8 +254,14 @@ class SelectionRule(abc.ABC):
     remasks: ClassVar[bool] = False  # True when the rule may send decided tokens back to MASK
 
     @abc.abstractmethod
-    def __call__(self, keys: Array, logits: Float[Array, "b c v"], candidates: Int[Array, "b c"],
-                 undecided: Bool[Array, "b c"], info: StepInfo) -> tuple[Bool[Array, "b c"], Bool[Array, "b c"]]:
+    def __call__(
+        self,
+        keys: Array,
+        logits: Float[Array, "b c v"],
+        candidates: Int[Array, "b c"],
+        undecided: Bool[Array, "b c"],
+        info: StepInfo,
+    ) -> tuple[Bool[Array, "b c"], Bool[Array, "b c"]]:
         """Returns (accept, remask) masks over the canvas."""
 
 

@@ -53,8 +53,10 @@ class AnnealedTemperature(Temperature):
 
     def __post_init__(self):
         if not 0 < self.min_temperature <= self.max_temperature:
-            raise ValueError(f"AnnealedTemperature: need 0 < min_temperature <= max_temperature, got "
-                             f"{self.min_temperature}, {self.max_temperature} (DiffusionGemma: 0.4, 0.8).")
+            raise ValueError(
+                f"AnnealedTemperature: need 0 < min_temperature <= max_temperature, got "
+                f"{self.min_temperature}, {self.max_temperature} (DiffusionGemma: 0.4, 0.8)."
+            )
         if not self.exponent > 0:
             raise ValueError(f"AnnealedTemperature: exponent must be > 0, got {self.exponent}.")
 

@@ -101,9 +101,7 @@ class Checkpointer:
             raise NonFiniteStateError(f"checkpoint step {step} holds NaN or Inf values.")
         return state
 
-    def restore_latest(
-        self, abstract_state: PyTree, data_iterator: Any | None = None
-    ) -> tuple[PyTree, int] | None:
+    def restore_latest(self, abstract_state: PyTree, data_iterator: Any | None = None) -> tuple[PyTree, int] | None:
         """(state, step) from the newest readable checkpoint, None if there is none.
 
         Unreadable steps are skipped with a warning (and replaced when that step is saved again). If checkpoints

@@ -123,9 +123,16 @@ def train(
       NonFiniteLossError: the loss or gradients became NaN/Inf (message names the step and last good checkpoint).
     """
     cfg = LoopConfig(
-        total_steps=total_steps, seed=seed, grad_accum_steps=grad_accum_steps, ema_decay=ema_decay,
-        log_every=log_every, checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-        eval_every=eval_every, tokens_per_example=tokens_per_example, flops_per_token=flops_per_token,
+        total_steps=total_steps,
+        seed=seed,
+        grad_accum_steps=grad_accum_steps,
+        ema_decay=ema_decay,
+        log_every=log_every,
+        checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints,
+        eval_every=eval_every,
+        tokens_per_example=tokens_per_example,
+        flops_per_token=flops_per_token,
         peak_flops=peak_flops,
     )
     optimizer = optimizers.make_optimizer(optimizer_cfg, trainable_mask)
@@ -154,9 +161,7 @@ def train(
         _say(f"Restored checkpoint at step {restored_step} from {checkpointer.directory}.")
     else:
         compile_opts = dict(compiler_options) if compiler_options else None
-        state = jax.jit(create_state, out_shardings=s_shardings, compiler_options=compile_opts)(
-            init_key, train_key
-        )
+        state = jax.jit(create_state, out_shardings=s_shardings, compiler_options=compile_opts)(init_key, train_key)
         num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
         _say(f"Initialised a new model (seed {cfg.seed}, {num_params:,} parameters); no checkpoint in {workdir}.")
     start_step = int(state.step)
@@ -164,8 +169,12 @@ def train(
 
     train_step = jit_train_step(
         make_train_step(
-            loss_fn, optimizer, lr_schedule=schedule, grad_accum_steps=cfg.grad_accum_steps,
-            ema_decay=cfg.ema_decay, trainable_mask=trainable_mask,
+            loss_fn,
+            optimizer,
+            lr_schedule=schedule,
+            grad_accum_steps=cfg.grad_accum_steps,
+            ema_decay=cfg.ema_decay,
+            trainable_mask=trainable_mask,
         ),
         mesh=mesh,
         state_shardings=s_shardings,
@@ -204,8 +213,11 @@ def train(
                 if checkpointer is not None:
                     checkpointer.wait()
                     latest = checkpointer.latest_step()
-                    last_good = (f"the last good checkpoint is step {latest} in {checkpointer.directory}"
-                                 if latest is not None else f"there is no checkpoint yet in {checkpointer.directory}")
+                    last_good = (
+                        f"the last good checkpoint is step {latest} in {checkpointer.directory}"
+                        if latest is not None
+                        else f"there is no checkpoint yet in {checkpointer.directory}"
+                    )
                 raise NonFiniteLossError(
                     f"loss became non-finite at step {step} (loss={step_metrics['loss']}, "
                     f"grad_norm={step_metrics['grad_norm']}); the update was not applied and no checkpoint was "

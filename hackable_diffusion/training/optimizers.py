@@ -72,12 +72,12 @@ def _decay_matrices_only(params: Any) -> Any:
 
 def _adamw(cfg: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.GradientTransformation:
     return optax.adamw(
-            learning_rate=lr,
-            b1=float(_field(cfg, "b1", 0.9)),
-            b2=float(_field(cfg, "b2", 0.999)),
-            eps=float(_field(cfg, "eps", 1e-8)),
-            weight_decay=float(cfg.weight_decay),
-            mask=_decay_matrices_only,
+        learning_rate=lr,
+        b1=float(_field(cfg, "b1", 0.9)),
+        b2=float(_field(cfg, "b2", 0.999)),
+        eps=float(_field(cfg, "eps", 1e-8)),
+        weight_decay=float(cfg.weight_decay),
+        mask=_decay_matrices_only,
     )
 
 
@@ -85,25 +85,25 @@ def _adafactor(cfg: ml_collections.ConfigDict, lr: optax.Schedule) -> optax.Grad
     b1 = float(_field(cfg, "b1", 0.0))
     wd = float(cfg.weight_decay)
     return optax.adafactor(
-            learning_rate=lr,
-            multiply_by_parameter_scale=False,
-            clipping_threshold=None,
-            momentum=b1 if b1 > 0 else None,
-            weight_decay_rate=wd if wd > 0 else None,
-            weight_decay_mask=_decay_matrices_only,
+        learning_rate=lr,
+        multiply_by_parameter_scale=False,
+        clipping_threshold=None,
+        momentum=b1 if b1 > 0 else None,
+        weight_decay_rate=wd if wd > 0 else None,
+        weight_decay_mask=_decay_matrices_only,
     )
 
 
 OPTIMIZERS: dict[str, Callable[[ml_collections.ConfigDict, optax.Schedule], optax.GradientTransformation]] = {
-        "adamw": _adamw,
-        "adafactor": _adafactor,
+    "adamw": _adamw,
+    "adafactor": _adafactor,
 }
 
 TrainableMask = Any  # pytree of bools matching params, or a callable params -> pytree of bools
 
 
 def make_optimizer(
-        cfg: ml_collections.ConfigDict, trainable_mask: TrainableMask | None = None
+    cfg: ml_collections.ConfigDict, trainable_mask: TrainableMask | None = None
 ) -> optax.GradientTransformation:
     """Global-norm clipping (if `clip_norm > 0`) then the named optimizer on the warmup+cosine schedule.
 

@@ -86,9 +86,7 @@ def mesh_shape(cfg: ml_collections.ConfigDict | Mapping[str, int], num_devices: 
     return tuple(sizes)
 
 
-def make_mesh(
-    cfg: ml_collections.ConfigDict | Mapping[str, int], devices: Sequence[jax.Device] | None = None
-) -> Mesh:
+def make_mesh(cfg: ml_collections.ConfigDict | Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A (data, fsdp, expert, tensor) mesh with Auto axis types over `devices` (default: all global devices).
 
     Devices are laid out in `jax.devices()` order (process-major), so the outer axes (data first) span processes

@@ -150,9 +150,7 @@ def make_train_step(
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, Array]]:
         if (state.ema_params is None) != (ema_decay == 0.0):
-            raise ValueError(
-                "ema_decay and state.ema_params disagree: create the state with use_ema=(ema_decay > 0)."
-            )
+            raise ValueError("ema_decay and state.ema_params disagree: create the state with use_ema=(ema_decay > 0).")
         key = step_key(state.rng, state.step)
         loss, aux, grads = loss_and_grads(state.params, batch, key)
         finite = jnp.isfinite(loss) & all_finite(grads)
@@ -160,9 +158,7 @@ def make_train_step(
         params = optax.apply_updates(state.params, updates)
         ema = state.ema_params
         if ema is not None:
-            ema = jax.tree.map(
-                lambda e, p: (ema_decay * e + (1.0 - ema_decay) * p).astype(e.dtype), ema, params
-            )
+            ema = jax.tree.map(lambda e, p: (ema_decay * e + (1.0 - ema_decay) * p).astype(e.dtype), ema, params)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema_params=ema)
         # Keep the old state when anything is non-finite (a select, so the shapes and shardings stay put).
         new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)

@@ -421,6 +421,16 @@ def test_masking_sampler_never_changes_committed_tokens_and_threshold_progresses
     assert (np.asarray(result.steps) <= free).all() and (np.asarray(result.steps) >= 1).all()
 
 
+@pytest.mark.parametrize("early_stopping", [E.NoEarlyStop(), E.EntropyBelow(threshold=1e9)])
+def test_masking_canvas_ends_unmasked_with_a_short_budget(model_and_params, prefix_cache, early_stopping):
+    """Entropy-bound accepts few positions of an unsure model; the last step (or an early stop) still leaves no MASK."""
+    model, params = model_and_params
+    sampler = masking_sampler(S.EntropyBound(gamma=0.0), early_stopping=early_stopping, num_steps=2)
+    init = sampler.initial_canvas(jax.random.key(7), 2)
+    result = denoise_canvas(model, params, prefix_cache, init, jax.random.key(8), sampler=sampler)
+    assert not (np.asarray(result.canvas) == MASK_ID).any()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Block-autoregressive generation.
 # ---------------------------------------------------------------------------------------------------------------------

@@ -223,13 +223,17 @@ def _denoise(
         accept, remask = sampler.selection(step_keys[:, 1], shaped, candidates, undecided, info)
         accept, remask = accept & undecided, remask & free & ~undecided
         if persistent:
+            # Masking ends with nothing masked (as MD4's last step): whatever the rule left takes its candidate.
+            last = step == num_steps - 1
+            accept, remask = accept | (undecided & last), remask & ~last
             new = jnp.where(accept, candidates, jnp.where(remask, process.mask_id, old))
         else:
             noise = jax.vmap(lambda k: process.prior_sample(k, (c,)))(step_keys[:, 2]).astype(jnp.int32)
             new = jnp.where(free, jnp.where(accept, candidates, noise), old)
         stop = sampler.early_stopping(shaped, old, new, free)
-        if persistent and not sampler.selection.remasks:
-            stop = stop | ~jnp.any(free & (new == process.mask_id), axis=-1)
+        if persistent:  # a masking row never stops with masks left; without remasking it stops when none are
+            unmasked = ~jnp.any(free & (new == process.mask_id), axis=-1)
+            stop = (stop & unmasked) | (unmasked & (not sampler.selection.remasks))
         running = ~state["done"]
         new_state = dict(
             step=step + 1,

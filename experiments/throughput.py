@@ -1,0 +1,153 @@
+"""Decode throughput: DiffusionGemma's canvas sampler vs autoregressive decoding with a KV cache, same network.
+
+  python experiments/throughput.py [--quick] [--sizes small,large,large_moe] [--fixed_steps 16]
+
+One JSON line per (model, batch) setting, both decoders measured side by side in one run (interleaved repeats,
+median after a compiling warm-up): tokens/s for `--new_tokens` new tokens at batch 1 and batch 8, forward passes per
+generated token, wall time per canvas, and the diffusion/AR ratio. Next to each figure, a roofline estimate: FLOPs and
+bytes moved per generated token for both decoders, and the ratio they predict on an H100/H200-class GPU
+(990 TFLOP/s bf16, 3.35 TB/s) — where batch-1 AR decoding is memory-bound (every active weight read per token) and a
+canvas step reads the weights once for 256 tokens.
+
+The diffusion sampler is the reference one: canvas 256, entropy bound 0.1, annealed temperature 0.8 -> 0.4,
+stability AND entropy <= 0.005 early stopping, up to 48 steps. Random weights do not converge, so for random-weight
+models the step count is fixed (`--fixed_steps`, default 16: the 12–16 steps per canvas reported for the reference
+with early stopping; pass the mean steps per canvas your trained small model used) with early stopping off; the value
+is printed in every line. Measuring trained runs (and the generative perplexity of what each decoder wrote) is the
+next step of the Text issue; this script covers the speed side with random weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hackable_diffusion.diffusion.processes import UniformProcess
+from hackable_diffusion.diffusion.schedules import LinearSchedule
+from hackable_diffusion.models import presets
+from hackable_diffusion.models import transformer as T
+from hackable_diffusion.models.config import TransformerConfig
+from hackable_diffusion.models.param_count import count_params
+from hackable_diffusion.sampling import generate as gen_lib
+from hackable_diffusion.sampling.canvas import DiffusionSampler
+from hackable_diffusion.sampling.early_stopping import NoEarlyStop
+
+GPU_FLOPS = 990e12  # bf16 dense, H100/H200 SXM
+GPU_BYTES_PER_S = 3.35e12  # H100 SXM HBM3 (H200: 4.8e12)
+
+
+def model_shapes(quick: bool) -> dict[str, dict]:
+    """The trained-size model and >= 300M-parameter dense and MoE models (random weights)."""
+    large = dict(
+        embed_dim=1024, num_layers=18, num_heads=16, head_dim=64, num_kv_heads=8, ffw_hidden=4096,
+        layer_pattern=("local", "local", "global"), sliding_window=1024, global_head_dim=64, global_num_kv_heads=4,
+        vocab_size=32_768, param_dtype="float32", compute_dtype="float32",
+    )
+    shapes = {
+        "small": presets.small(vocab_size=128),
+        "large": presets.derived(**large, moe=None),
+        "large_moe": presets.derived(
+            **dict(large, ffw_hidden=2048), moe=dict(num_experts=8, top_k=2, hidden_dim=1024, dispatch="sorted",
+                                                    capacity_factor=4.0)),
+    }
+    if quick:
+        shapes = {k: dict(v, num_layers=len(v["layer_pattern"])) for k, v in shapes.items()}
+    return shapes
+
+
+def roofline(cfg: TransformerConfig, batch: int, canvas: int, steps_per_canvas: float, context: int) -> dict:
+    """Per generated token: matmul FLOPs and weight bytes for AR (one token per pass) and diffusion (a canvas of
+    `canvas` tokens per pass, `steps_per_canvas` passes + one commit pass per canvas), bf16 weights."""
+    counts = count_params(cfg)
+    n = counts["active_params_per_token"] - counts["embedding_params"] + cfg.vocab_size * cfg.embed_dim
+    kv_bytes = 0
+    for layer_type in cfg.layer_types():
+        heads = cfg.global_kv_heads if layer_type == "global" else cfg.num_kv_heads
+        dim = cfg.global_attn_head_dim if layer_type == "global" else cfg.head_dim
+        kv_bytes += 2 * heads * dim * 2 * context  # K and V, bf16, read once per pass
+    # MoE: a batch of many tokens touches every expert; one token touches top-k of them.
+    total_matmul = counts["total_params"] - counts["embedding_params"] + cfg.vocab_size * cfg.embed_dim
+    ar_weight_bytes = 2 * (n if batch == 1 else min(total_matmul, n * batch))
+    canvas_weight_bytes = 2 * total_matmul if cfg.moe is not None else 2 * n
+    flops_token = 2 * n
+    ar = dict(flops=flops_token, bytes=(ar_weight_bytes + batch * kv_bytes) / batch)
+    passes = steps_per_canvas + 1  # denoising steps + the causal commit
+    dif = dict(flops=flops_token * passes, bytes=passes * (canvas_weight_bytes + batch * kv_bytes) / (batch * canvas))
+    t_ar = max(ar["flops"] / GPU_FLOPS, ar["bytes"] / GPU_BYTES_PER_S)
+    t_dif = max(dif["flops"] / GPU_FLOPS, dif["bytes"] / GPU_BYTES_PER_S)
+    return {"roofline_ar_flops_per_token": ar["flops"], "roofline_ar_bytes_per_token": ar["bytes"],
+            "roofline_diffusion_flops_per_token": dif["flops"], "roofline_diffusion_bytes_per_token": dif["bytes"],
+            "roofline_gpu_ratio": t_ar / t_dif}
+
+
+def measure(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        jax.block_until_ready(result.tokens)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="one layer group per model, batch 1 and 8, 2 repeats")
+    parser.add_argument("--sizes", default="small,large,large_moe")
+    parser.add_argument("--new_tokens", type=int, default=512)
+    parser.add_argument("--canvas", type=int, default=256)
+    parser.add_argument("--fixed_steps", type=int, default=16)
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    repeats = 2 if args.quick else args.repeats
+    shapes = model_shapes(args.quick)
+    for name in args.sizes.split(","):
+        cfg = TransformerConfig.from_dict(shapes[name])
+        model = T.Transformer(cfg)
+        params = T.init_params(model, jax.random.key(0))
+        process = UniformProcess(cfg.vocab_size, LinearSchedule(), excluded_ids=(0, 1, 2, 3))
+        sampler = DiffusionSampler(process=process, canvas_length=args.canvas, num_steps=args.fixed_steps,
+                                   early_stopping=NoEarlyStop(), forbidden_tokens=(0, 1, 2, 3))
+        counts = count_params(cfg)
+        for batch in [int(b) for b in args.batches.split(",")]:
+            prompts = np.array(jax.random.randint(jax.random.key(1), (batch, 16), 4, cfg.vocab_size))
+            prompts[:, 0] = 2
+
+            def diffusion():
+                return gen_lib.generate(model, params, prompts, sampler=sampler, key=0,
+                                        max_new_tokens=args.new_tokens, stop_tokens=())
+
+            def autoregressive():
+                return gen_lib.generate_ar(model, params, prompts, key=0, max_new_tokens=args.new_tokens,
+                                           stop_tokens=(), forbidden_tokens=(0, 1, 2, 3))
+
+            d_result, a_result = diffusion(), autoregressive()  # compile
+            d_times, a_times = [], []
+            for _ in range(repeats):  # interleaved: both see the same machine state
+                d_times.append(measure(diffusion, 1))
+                a_times.append(measure(autoregressive, 1))
+            d_s, a_s = float(np.median(d_times)), float(np.median(a_times))
+            new = batch * args.new_tokens
+            canvases = args.new_tokens // args.canvas
+            line = {
+                "benchmark": "throughput", "model": name, "params": counts["total_params"],
+                "active_params": counts["active_params_per_token"], "weights": "random", "batch": batch,
+                "new_tokens": args.new_tokens, "canvas": args.canvas, "steps_per_canvas": args.fixed_steps,
+                "steps_note": "fixed (random weights; early stopping off)", "quick": args.quick,
+                "diffusion_tokens_per_s": new / d_s, "ar_tokens_per_s": new / a_s, "ratio": a_s / d_s,
+                "diffusion_forward_passes_per_token": d_result.forward_passes / args.new_tokens,
+                "ar_forward_passes_per_token": a_result.forward_passes / args.new_tokens,
+                "diffusion_wall_s_per_canvas": d_s / canvases, "diffusion_wall_s": d_s, "ar_wall_s": a_s,
+            }
+            line.update(roofline(cfg, batch, args.canvas, args.fixed_steps, context=16 + args.new_tokens))
+            print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

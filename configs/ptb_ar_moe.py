@@ -3,22 +3,11 @@
   python -m hackable_diffusion.train --config configs/ptb_ar_moe.py --workdir runs/ptb_ar_moe
 
 The three ptb configs share the backbone shape, sequence length (256), batch (16) and number of steps, so they
-see the same tokens; only the process and objective differ (hackable_diffusion/recipes.py: text_config).
+see the same tokens; only the process and objective differ (hackable_diffusion/recipes.py: text_experiment).
 """
 
 from hackable_diffusion import recipes
-from hackable_diffusion.models import presets
 
 
 def get_config():
-    c = recipes.text_config(
-        "ptb", "none", model=presets.small(moe=True), steps=3000, seq_len=256, batch_size=16, canvas_len=64
-    )
-    c.optimizer.peak_lr = 1e-3
-    c.optimizer.end_lr = 1e-4
-    c.optimizer.warmup_steps = 200
-    c.train.eval_every = 500
-    c.train.checkpoint_every = 500
-    c.sampler.canvas_len = 64
-    c.sampler.num_steps = 64
-    return c
+    return recipes.text_experiment("ptb", "none", moe=True)

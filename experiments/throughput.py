@@ -44,16 +44,27 @@ GPU_BYTES_PER_S = 3.35e12  # H100 SXM HBM3 (H200: 4.8e12)
 def model_shapes(quick: bool) -> dict[str, dict]:
     """The trained-size model and >= 300M-parameter dense and MoE models (random weights)."""
     large = dict(
-        embed_dim=1024, num_layers=18, num_heads=16, head_dim=64, num_kv_heads=8, ffw_hidden=4096,
-        layer_pattern=("local", "local", "global"), sliding_window=1024, global_head_dim=64, global_num_kv_heads=4,
-        vocab_size=32_768, param_dtype="float32", compute_dtype="float32",
+        embed_dim=1024,
+        num_layers=18,
+        num_heads=16,
+        head_dim=64,
+        num_kv_heads=8,
+        ffw_hidden=4096,
+        layer_pattern=("local", "local", "global"),
+        sliding_window=1024,
+        global_head_dim=64,
+        global_num_kv_heads=4,
+        vocab_size=32_768,
+        param_dtype="float32",
+        compute_dtype="float32",
     )
     shapes = {
         "small": presets.small(vocab_size=128),
         "large": presets.derived(**large, moe=None),
         "large_moe": presets.derived(
-            **dict(large, ffw_hidden=2048), moe=dict(num_experts=8, top_k=2, hidden_dim=1024, dispatch="sorted",
-                                                    capacity_factor=4.0)),
+            **dict(large, ffw_hidden=2048),
+            moe=dict(num_experts=8, top_k=2, hidden_dim=1024, dispatch="sorted", capacity_factor=4.0),
+        ),
     }
     if quick:
         shapes = {k: dict(v, num_layers=len(v["layer_pattern"])) for k, v in shapes.items()}
@@ -80,9 +91,13 @@ def roofline(cfg: TransformerConfig, batch: int, canvas: int, steps_per_canvas: 
     dif = dict(flops=flops_token * passes, bytes=passes * (canvas_weight_bytes + batch * kv_bytes) / (batch * canvas))
     t_ar = max(ar["flops"] / GPU_FLOPS, ar["bytes"] / GPU_BYTES_PER_S)
     t_dif = max(dif["flops"] / GPU_FLOPS, dif["bytes"] / GPU_BYTES_PER_S)
-    return {"roofline_ar_flops_per_token": ar["flops"], "roofline_ar_bytes_per_token": ar["bytes"],
-            "roofline_diffusion_flops_per_token": dif["flops"], "roofline_diffusion_bytes_per_token": dif["bytes"],
-            "roofline_gpu_ratio": t_ar / t_dif}
+    return {
+        "roofline_ar_flops_per_token": ar["flops"],
+        "roofline_ar_bytes_per_token": ar["bytes"],
+        "roofline_diffusion_flops_per_token": dif["flops"],
+        "roofline_diffusion_bytes_per_token": dif["bytes"],
+        "roofline_gpu_ratio": t_ar / t_dif,
+    }
 
 
 def measure(fn, repeats: int) -> float:
@@ -112,20 +127,33 @@ def main():
         model = T.Transformer(cfg)
         params = T.init_params(model, jax.random.key(0))
         process = UniformProcess(cfg.vocab_size, LinearSchedule(), excluded_ids=(0, 1, 2, 3))
-        sampler = DiffusionSampler(process=process, canvas_length=args.canvas, num_steps=args.fixed_steps,
-                                   early_stopping=NoEarlyStop(), forbidden_tokens=(0, 1, 2, 3))
+        sampler = DiffusionSampler(
+            process=process,
+            canvas_length=args.canvas,
+            num_steps=args.fixed_steps,
+            early_stopping=NoEarlyStop(),
+            forbidden_tokens=(0, 1, 2, 3),
+        )
         counts = count_params(cfg)
         for batch in [int(b) for b in args.batches.split(",")]:
             prompts = np.array(jax.random.randint(jax.random.key(1), (batch, 16), 4, cfg.vocab_size))
             prompts[:, 0] = 2
 
             def diffusion():
-                return gen_lib.generate(model, params, prompts, sampler=sampler, key=0,
-                                        max_new_tokens=args.new_tokens, stop_tokens=())
+                return gen_lib.generate(
+                    model, params, prompts, sampler=sampler, key=0, max_new_tokens=args.new_tokens, stop_tokens=()
+                )
 
             def autoregressive():
-                return gen_lib.generate_ar(model, params, prompts, key=0, max_new_tokens=args.new_tokens,
-                                           stop_tokens=(), forbidden_tokens=(0, 1, 2, 3))
+                return gen_lib.generate_ar(
+                    model,
+                    params,
+                    prompts,
+                    key=0,
+                    max_new_tokens=args.new_tokens,
+                    stop_tokens=(),
+                    forbidden_tokens=(0, 1, 2, 3),
+                )
 
             d_result, a_result = diffusion(), autoregressive()  # compile
             d_times, a_times = [], []
@@ -136,14 +164,25 @@ def main():
             new = batch * args.new_tokens
             canvases = args.new_tokens // args.canvas
             line = {
-                "benchmark": "throughput", "model": name, "params": counts["total_params"],
-                "active_params": counts["active_params_per_token"], "weights": "random", "batch": batch,
-                "new_tokens": args.new_tokens, "canvas": args.canvas, "steps_per_canvas": args.fixed_steps,
-                "steps_note": "fixed (random weights; early stopping off)", "quick": args.quick,
-                "diffusion_tokens_per_s": new / d_s, "ar_tokens_per_s": new / a_s, "ratio": a_s / d_s,
+                "benchmark": "throughput",
+                "model": name,
+                "params": counts["total_params"],
+                "active_params": counts["active_params_per_token"],
+                "weights": "random",
+                "batch": batch,
+                "new_tokens": args.new_tokens,
+                "canvas": args.canvas,
+                "steps_per_canvas": args.fixed_steps,
+                "steps_note": "fixed (random weights; early stopping off)",
+                "quick": args.quick,
+                "diffusion_tokens_per_s": new / d_s,
+                "ar_tokens_per_s": new / a_s,
+                "ratio": a_s / d_s,
                 "diffusion_forward_passes_per_token": d_result.forward_passes / args.new_tokens,
                 "ar_forward_passes_per_token": a_result.forward_passes / args.new_tokens,
-                "diffusion_wall_s_per_canvas": d_s / canvases, "diffusion_wall_s": d_s, "ar_wall_s": a_s,
+                "diffusion_wall_s_per_canvas": d_s / canvases,
+                "diffusion_wall_s": d_s,
+                "ar_wall_s": a_s,
             }
             line.update(roofline(cfg, batch, args.canvas, args.fixed_steps, context=16 + args.new_tokens))
             print(json.dumps(line), flush=True)

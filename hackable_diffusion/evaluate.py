@@ -1,15 +1,24 @@
 """Evaluation entry point.
 
   python -m hackable_diffusion.evaluate --workdir runs/NAME --task likelihood [--num_batches 0] [--num_samples 4]
+  python -m hackable_diffusion.evaluate --workdir runs/sudoku --task sudoku --data FILE.csv [--limit N] \
+      [--sampler=num_steps=20 --sampler=selection=top_k_top_probability]
 
 `likelihood`: validation bits per token, bits per character (Shakespeare) or perplexity per word (PTB): the exact
 NLL for an autoregressive run, the ELBO bound (Monte-Carlo over noise levels, standard error printed) for a
 diffusion run; optionally a few samples. Prints one JSON line.
+
+`sudoku`: solves the puzzles of `--data` with the run's sampler (givens fixed) and prints DiffusionGemma's Sudoku
+metrics (`evals.sudoku_metrics`: overall, by givens >= 40 / 30-39 / < 30, and by the file's `level` column when it
+has one), forward passes per puzzle and puzzles per second (after one compile batch). `--data` is a CSV file
+(`data.sudoku.read_sudoku_csv` layouts) or `generated:LO-HI:N:SEED`: N unique-solution puzzles with LO..HI givens
+from generator seed SEED, which must differ from the training seed; duplicate puzzles are dropped.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from absl import app, flags
@@ -20,55 +29,195 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-  flags.DEFINE_string("workdir", None, "A training workdir.")
-  flags.DEFINE_enum("task", "likelihood", ["likelihood"], "What to evaluate.")
-  flags.DEFINE_integer("num_batches", 0, "Validation batches (0 = the whole split).")
-  flags.DEFINE_integer("batch_size", 0, "Evaluation batch size (0 = config.eval.batch_size).")
-  flags.DEFINE_integer("repeats", 1, "Monte-Carlo passes over the split (diffusion ELBO).")
-  flags.DEFINE_integer("num_samples", 0, "Also generate and print this many samples.")
-  flags.DEFINE_integer("seed", 0, "Seed for the noise levels and samples.")
+    flags.DEFINE_string("workdir", None, "A training workdir.")
+    flags.DEFINE_enum("task", "likelihood", ["likelihood", "sudoku"], "What to evaluate.")
+    flags.DEFINE_string("data", None, "sudoku: a CSV file or generated:LO-HI:N:SEED.")
+    flags.DEFINE_integer("limit", 0, "sudoku: first N puzzles only (0 = all).")
+    flags.DEFINE_multi_string("sampler", [], "sudoku: KEY=VALUE override of config.sampler (repeatable).")
+    flags.DEFINE_integer("num_batches", 0, "Validation batches (0 = the whole split).")
+    flags.DEFINE_integer("batch_size", 0, "Evaluation batch size (0 = config.eval.batch_size).")
+    flags.DEFINE_integer("repeats", 1, "Monte-Carlo passes over the split (diffusion ELBO).")
+    flags.DEFINE_integer("num_samples", 0, "Also generate and print this many samples.")
+    flags.DEFINE_integer("seed", 0, "Seed for the noise levels and samples.")
 
 
-def likelihood(workdir: str, *, num_batches: int = 0, batch_size: int = 0, repeats: int = 1, seed: int = 0,
-               num_samples: int = 0) -> dict:
-  import numpy as np
+def likelihood(
+    workdir: str, *, num_batches: int = 0, batch_size: int = 0, repeats: int = 1, seed: int = 0, num_samples: int = 0
+) -> dict:
+    import numpy as np
 
-  from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion import experiment as exp_lib
 
-  exp = exp_lib.from_workdir(workdir)
-  params, step = exp_lib.load_params(exp, workdir)
-  start = time.perf_counter()
-  runs = [exp_lib.evaluate_likelihood(exp, params, num_batches=num_batches or None, seed=seed + r,
-                                      batch_size=batch_size or None) for r in range(max(repeats, 1))]
-  out = {"task": "likelihood", "workdir": workdir, "checkpoint_step": step,
-         "model": "autoregressive" if exp.is_autoregressive else f"diffusion/{exp.config.diffusion.process}",
-         "bound": "exact NLL" if exp.is_autoregressive else "ELBO (upper bound on NLL)"}
-  for key in runs[0]:
-    values = np.asarray([r[key] for r in runs], dtype=float)
-    out[key] = float(values.mean())
-  if len(runs) > 1:
-    per_token = np.asarray([r["bits_per_token"] for r in runs])
-    out["bits_per_token_se"] = float(per_token.std(ddof=1) / np.sqrt(len(runs)))
-  out["bits_per_token_se_relative"] = out["bits_per_token_se"] / out["bits_per_token"]
-  out["eval_seconds"] = time.perf_counter() - start
-  if num_samples:
-    prompts = [exp.config.sampler.prompt] * num_samples
-    texts, result = exp_lib.sample_texts(exp, params, prompts, seed=seed)
-    out["samples"] = [p + t for p, t in zip(prompts, texts)]
-    out["sample_forward_passes"] = result.forward_passes
-  return out
+    exp = exp_lib.from_workdir(workdir)
+    params, step = exp_lib.load_params(exp, workdir)
+    start = time.perf_counter()
+    runs = [
+        exp_lib.evaluate_likelihood(
+            exp, params, num_batches=num_batches or None, seed=seed + r, batch_size=batch_size or None
+        )
+        for r in range(max(repeats, 1))
+    ]
+    out = {
+        "task": "likelihood",
+        "workdir": workdir,
+        "checkpoint_step": step,
+        "model": "autoregressive" if exp.is_autoregressive else f"diffusion/{exp.config.diffusion.process}",
+        "bound": "exact NLL" if exp.is_autoregressive else "ELBO (upper bound on NLL)",
+    }
+    for key in runs[0]:
+        values = np.asarray([r[key] for r in runs], dtype=float)
+        out[key] = float(values.mean())
+    if len(runs) > 1:
+        per_token = np.asarray([r["bits_per_token"] for r in runs])
+        out["bits_per_token_se"] = float(per_token.std(ddof=1) / np.sqrt(len(runs)))
+    out["bits_per_token_se_relative"] = out["bits_per_token_se"] / out["bits_per_token"]
+    out["eval_seconds"] = time.perf_counter() - start
+    if num_samples:
+        prompts = [exp.config.sampler.prompt] * num_samples
+        texts, result = exp_lib.sample_texts(exp, params, prompts, seed=seed)
+        out["samples"] = [p + t for p, t in zip(prompts, texts)]
+        out["sample_forward_passes"] = result.forward_passes
+    return out
+
+
+def load_sudoku_puzzles(spec: str, *, train_seed: int | None = None, limit: int = 0) -> dict:
+    """puzzles, solutions (and level, when the CSV has it) from a CSV path or `generated:LO-HI:N:SEED`."""
+    import numpy as np
+
+    from hackable_diffusion.data import sudoku as sudoku_lib
+
+    if spec.startswith("generated:"):
+        parts = spec.split(":")
+        try:
+            lo, hi = (int(v) for v in parts[1].split("-"))
+            n, seed = int(parts[2]), int(parts[3])
+        except (IndexError, ValueError):
+            raise ValueError(
+                f"--data={spec!r}: expected generated:LO-HI:N:SEED, e.g. generated:30-36:1000:7."
+            ) from None
+        if len(parts) != 4:
+            raise ValueError(f"--data={spec!r}: expected generated:LO-HI:N:SEED, e.g. generated:30-36:1000:7.")
+        if train_seed is not None and seed == train_seed:
+            raise ValueError(
+                f"--data={spec!r} uses the training generator seed {train_seed}; pick another seed for held-out puzzles."
+            )
+        data = sudoku_lib.generate_dataset(n, (lo, hi), seed=seed, unique=True)
+        _, first = np.unique(data["puzzles"], axis=0, return_index=True)
+        keep = np.sort(first)
+        data = {"puzzles": data["puzzles"][keep], "solutions": data["solutions"][keep]}
+    else:
+        data = sudoku_lib.read_sudoku_csv(spec)
+        data = {k: data[k] for k in ("puzzles", "solutions", "level") if k in data}
+    if limit:
+        data = {k: v[:limit] for k, v in data.items()}
+    return data
+
+
+SUDOKU_SAMPLER_KEYS = (
+    "selection",
+    "selection_kwargs",
+    "num_steps",
+    "min_temperature",
+    "max_temperature",
+    "early_stopping",
+)
+
+
+def _training_puzzle_overlap(config, puzzles):
+    """True for each puzzle that is in the run's cached training set; None when that cache is not on this machine."""
+    import numpy as np
+
+    from hackable_diffusion.data import sudoku as sudoku_lib
+
+    dc = config.data
+    path = sudoku_lib.dataset_cache_path(
+        int(dc.num_train),
+        (int(dc.givens_min), int(dc.givens_max)),
+        int(dc.generator_seed),
+        bool(dc.unique),
+        dc.cache_dir or "default",
+    )
+    if path is None or not path.exists():
+        return None
+    with np.load(path) as cached:
+        train = {row.tobytes() for row in cached["puzzles"].astype(np.int8)}
+    return np.array([row.astype(np.int8).tobytes() in train for row in puzzles], bool)
+
+
+def sudoku(
+    workdir: str, data: str, *, limit: int = 0, batch_size: int = 0, seed: int = 0, sampler: list[str] | None = None
+) -> dict:
+    from hackable_diffusion import experiment as exp_lib
+
+    overrides = {}
+    for item in sampler or []:
+        if "=" not in item:
+            raise ValueError(f"--sampler={item!r} must be KEY=VALUE, e.g. --sampler=num_steps=20.")
+        key, value = item.split("=", 1)
+        overrides[key] = value
+    exp = exp_lib.from_workdir(workdir)
+    if exp.config.data.task != "sudoku":
+        raise ValueError(f"{workdir} is a {exp.config.data.task!r} run; --task sudoku needs a Sudoku run.")
+    params, step = exp_lib.load_params(exp, workdir)
+    puzzles = load_sudoku_puzzles(data, train_seed=int(exp.config.data.generator_seed), limit=limit)
+    seen = _training_puzzle_overlap(exp.config, puzzles["puzzles"])
+    if seen is not None and seen.any():  # a generated held-out puzzle that training saw is no test: drop it
+        puzzles = {k: v[~seen] for k, v in puzzles.items()}
+    scores = exp_lib.evaluate_sudoku(
+        exp,
+        params,
+        puzzles["puzzles"],
+        puzzles["solutions"],
+        levels=puzzles.get("level"),
+        seed=seed,
+        batch_size=batch_size or 256,
+        sampler_overrides=overrides,
+    )
+    config = exp_lib.with_sampler_overrides(exp.config, overrides)
+    head = {
+        "task": "sudoku",
+        "workdir": workdir,
+        "data": data,
+        "checkpoint_step": step,
+        "dropped_as_in_training": None if seen is None else int(seen.sum()),
+        "sampler": {k: config.sampler[k] for k in SUDOKU_SAMPLER_KEYS},
+    }
+    return {**head, **scores}
 
 
 def main(argv):
-  del argv
-  if FLAGS.workdir is None:
-    raise app.UsageError("--workdir is required.")
-  cli.quiet_library_logs()
-  result = likelihood(FLAGS.workdir, num_batches=FLAGS.num_batches, batch_size=FLAGS.batch_size,
-                      repeats=FLAGS.repeats, seed=FLAGS.seed, num_samples=FLAGS.num_samples)
-  print(json.dumps(result))
+    del argv
+    if FLAGS.workdir is None:
+        raise app.UsageError("--workdir is required.")
+    cli.quiet_library_logs()
+    if FLAGS.task == "sudoku":
+        if not FLAGS.data:
+            raise app.UsageError("--task sudoku needs --data FILE.csv or --data generated:LO-HI:N:SEED.")
+        try:
+            result = sudoku(
+                FLAGS.workdir,
+                FLAGS.data,
+                limit=FLAGS.limit,
+                batch_size=FLAGS.batch_size,
+                seed=FLAGS.seed,
+                sampler=FLAGS.sampler,
+            )
+        except (ValueError, FileNotFoundError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        print(json.dumps(result))
+        return
+    result = likelihood(
+        FLAGS.workdir,
+        num_batches=FLAGS.num_batches,
+        batch_size=FLAGS.batch_size,
+        repeats=FLAGS.repeats,
+        seed=FLAGS.seed,
+        num_samples=FLAGS.num_samples,
+    )
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+    define_flags()
+    app.run(main)

@@ -4,6 +4,14 @@ Names in the config are looked up in small registries (schedules, time samplers,
 everything built is a frozen dataclass, so a notebook can build the same pieces by hand and swap any of them.
 `train.py`, `sample.py` and `evaluate.py` all start here, from the config saved in the workdir, so sampling and
 evaluation reuse exactly the model shape, process and tokenizer that training used.
+
+Sudoku (`config.data.task == "sudoku"`, `configs/sudoku.py`): masking diffusion over the 81 cells in place, as in
+Ye et al. 2024 and Kim et al. 2025 (anchors.md §1.9-1.10), with DiffusionGemma's token layout for the specials.
+There is no tokenizer: `SudokuVocab` is a fixed vocabulary of 13 ids, PAD/EOS/BOS/MASK = 0..3 and digit d as id
+d + 3 (4..12), so the specials keep their toolbox-wide ids. Givens are `fixed` (attended, never corrupted, not in
+the loss); a puzzle is solved by `sampling.canvas.denoise_canvas` over an empty KV cache with the givens fixed.
+Training puzzles are generated (`data.sudoku.generate_dataset`, cached); the held-out set used during training comes
+from another generator seed.
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jaxtyping import Bool, Int
 
+from hackable_diffusion.data import sudoku as sudoku_lib
 from hackable_diffusion.data import text as text_lib
 from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, MASK_ID, Tokenizer
 from hackable_diffusion.diffusion import objectives as obj_lib
@@ -27,225 +37,503 @@ from hackable_diffusion.diffusion.schedules import TIME_SAMPLERS, make_schedule
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.sampling import generate as gen_lib
-from hackable_diffusion.sampling.canvas import DiffusionSampler
+from hackable_diffusion.models.attention import init_cache
+from hackable_diffusion.sampling.canvas import DiffusionSampler, denoise_canvas, row_keys
 from hackable_diffusion.sampling.early_stopping import make_early_stopping
 from hackable_diffusion.sampling.selection import make_selection
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Sudoku: vocabulary, data, iterator
+# ----------------------------------------------------------------------------------------------------------------
+
+SUDOKU_DIGIT_OFFSET = 3  # digit d (1..9) is token d + 3 (4..12)
+SUDOKU_FORBIDDEN = (0, 1, 2, 3)  # the sampler never writes PAD, EOS, BOS or MASK into a grid
+
+
+@dataclasses.dataclass(frozen=True)
+class SudokuVocab:
+    """The fixed Sudoku vocabulary: PAD, EOS, BOS, MASK (0..3) and the digits 1..9 as ids 4..12."""
+
+    @property
+    def vocab_size(self) -> int:
+        return 4 + 9
+
+    def encode(self, grids: Int[np.ndarray, "*b 81"]) -> Int[np.ndarray, "*b 81"]:
+        """Digits -> ids 4..12, blanks (0) -> MASK_ID; int32."""
+        g = np.asarray(grids).astype(np.int32)
+        if g.shape[-1:] != (81,) or g.min(initial=0) < 0 or g.max(initial=0) > 9:
+            raise ValueError(f"grids must be (..., 81) with cells 0 (blank) .. 9, got shape {g.shape}.")
+        return np.where(g == 0, np.int32(MASK_ID), g + SUDOKU_DIGIT_OFFSET).astype(np.int32)
+
+    def decode(self, tokens: Int[np.ndarray, "*b 81"]) -> Int[np.ndarray, "*b 81"]:
+        """Ids 4..12 -> digits 1..9, every other id -> blank (0); int8."""
+        t = np.asarray(tokens)
+        digit = (t >= 1 + SUDOKU_DIGIT_OFFSET) & (t <= 9 + SUDOKU_DIGIT_OFFSET)
+        return np.where(digit, t - SUDOKU_DIGIT_OFFSET, 0).astype(np.int8)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SudokuData:
+    """Training rows (solutions as tokens, givens as `fixed`) and a held-out generated set (grids, 0 = blank)."""
+
+    tokenizer: SudokuVocab
+    train_tokens: Int[np.ndarray, "n 81"]
+    train_fixed: Bool[np.ndarray, "n 81"]
+    eval_puzzles: Int[np.ndarray, "e 81"]
+    eval_solutions: Int[np.ndarray, "e 81"]
+
+    @property
+    def train_sequences(self) -> np.ndarray:
+        return self.train_tokens
+
+
+def _sudoku_givens_range(dc: ml_collections.ConfigDict) -> tuple[int, int]:
+    lo, hi = int(dc.givens_min), int(dc.givens_max)
+    if not 17 <= lo <= hi <= 80:
+        raise ValueError(f"config.data.givens_min/givens_max must satisfy 17 <= min <= max <= 80, got {lo}, {hi}.")
+    return lo, hi
+
+
+def sudoku_eval_seed(config: ml_collections.ConfigDict) -> int:
+    """The generator seed of the held-out set used during training: never the training seed."""
+    return int(config.data.generator_seed) + 1_000_003
+
+
+def build_sudoku_data(config: ml_collections.ConfigDict) -> SudokuData:
+    dc = config.data
+    if dc.seq_len != 81:
+        raise ValueError(f"config.data.seq_len must be 81 for Sudoku (one token per cell), got {dc.seq_len}.")
+    lo, hi = _sudoku_givens_range(dc)
+    cache_dir = dc.cache_dir or "default"
+    train = sudoku_lib.generate_dataset(
+        int(dc.num_train), (lo, hi), seed=int(dc.generator_seed), unique=bool(dc.unique), cache_dir=cache_dir
+    )
+    held_out = sudoku_lib.generate_dataset(
+        int(dc.num_eval), (lo, hi), seed=sudoku_eval_seed(config), unique=True, cache_dir=cache_dir
+    )
+    vocab = SudokuVocab()
+    return SudokuData(
+        tokenizer=vocab,
+        train_tokens=vocab.encode(train["solutions"]),
+        train_fixed=train["puzzles"] != 0,
+        eval_puzzles=held_out["puzzles"],
+        eval_solutions=held_out["solutions"],
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _SplitTokensAndFixed:
+    """(b, 2*81) rows of [tokens | fixed] -> {"tokens": int32 (b, 81), "fixed": bool (b, 81)}."""
+
+    length: int
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = batch["tokens"]
+        return {"tokens": rows[:, : self.length], "fixed": rows[:, self.length :].astype(bool)}
+
+
+def make_sudoku_train_iterator(
+    tokens: Int[np.ndarray, "n l"],
+    fixed: Bool[np.ndarray, "n l"],
+    batch_size: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+):
+    """`data.text.make_train_iterator` over (tokens, fixed) rows: shuffled, repeated, checkpointable (grain)."""
+    import grain
+
+    tokens, fixed = np.asarray(tokens), np.asarray(fixed)
+    if tokens.shape != fixed.shape or tokens.ndim != 2:
+        raise ValueError(f"tokens and fixed must be (n, l) arrays of one shape, got {tokens.shape}, {fixed.shape}.")
+    rows = np.concatenate([tokens.astype(np.int32), fixed.astype(np.int32)], axis=1)
+    dataset = text_lib.make_train_dataset(rows, batch_size, seed, process_index, process_count)
+    dataset = dataset.map(_SplitTokensAndFixed(tokens.shape[1]))
+    return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-  config: ml_collections.ConfigDict
-  model: T.Transformer
-  process: NoiseProcess | None  # None for the autoregressive baseline
-  objective: Any
-  tokenizer: Tokenizer
-  data: text_lib.TextData
+    config: ml_collections.ConfigDict
+    model: T.Transformer
+    process: NoiseProcess | None  # None for the autoregressive baseline
+    objective: Any
+    tokenizer: Tokenizer | SudokuVocab
+    data: text_lib.TextData | SudokuData
 
-  @property
-  def is_autoregressive(self) -> bool:
-    return self.process is None
+    @property
+    def is_autoregressive(self) -> bool:
+        return self.process is None
 
 
 def build_process(config: ml_collections.ConfigDict, vocab_size: int) -> NoiseProcess | None:
-  d = config.diffusion
-  if d.process == "none":
-    return None
-  schedule = make_schedule(d.schedule, eps=d.schedule_eps)
-  if d.process == "masking":
-    return MaskingProcess(vocab_size=vocab_size, schedule=schedule, mask_id=MASK_ID)
-  if d.process == "uniform":
-    return UniformProcess(vocab_size=vocab_size, schedule=schedule, excluded_ids=tuple(d.excluded_ids))
-  raise ValueError(f"config.diffusion.process={d.process!r} must be 'uniform', 'masking' or 'none'.")
+    d = config.diffusion
+    if d.process == "none":
+        return None
+    schedule = make_schedule(d.schedule, eps=d.schedule_eps)
+    if d.process == "masking":
+        return MaskingProcess(vocab_size=vocab_size, schedule=schedule, mask_id=MASK_ID)
+    if d.process == "uniform":
+        return UniformProcess(vocab_size=vocab_size, schedule=schedule, excluded_ids=tuple(d.excluded_ids))
+    raise ValueError(f"config.diffusion.process={d.process!r} must be 'uniform', 'masking' or 'none'.")
 
 
 def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, process: NoiseProcess | None):
-  d = config.diffusion
-  if d.objective == "ar" or process is None:
-    return obj_lib.AutoregressiveObjective(model)
-  if d.time_sampler not in TIME_SAMPLERS:
-    raise ValueError(f"config.diffusion.time_sampler={d.time_sampler!r} is not one of {sorted(TIME_SAMPLERS)}.")
-  sampler_cls = TIME_SAMPLERS[d.time_sampler]
-  times = sampler_cls(d.t_min, d.t_max)
-  common = dict(time_sampler=times, loss=d.loss, encoder_ar_weight=d.encoder_ar_weight,
-                self_condition_prob=d.self_condition_prob, null_signal=d.null_signal)
-  if d.objective == "pretrain":
-    return obj_lib.DiffusionPretrainObjective(model, process, canvas_len=d.canvas_len or None, **common)
-  if d.objective == "sft":
-    return obj_lib.CanvasSFTObjective(model, process, canvas_len=d.canvas_len, **common)
-  raise ValueError(f"config.diffusion.objective={d.objective!r} must be 'pretrain', 'sft' or 'ar'.")
+    d = config.diffusion
+    if d.objective == "ar" or process is None:
+        return obj_lib.AutoregressiveObjective(model)
+    if d.time_sampler not in TIME_SAMPLERS:
+        raise ValueError(f"config.diffusion.time_sampler={d.time_sampler!r} is not one of {sorted(TIME_SAMPLERS)}.")
+    sampler_cls = TIME_SAMPLERS[d.time_sampler]
+    times = sampler_cls(d.t_min, d.t_max)
+    common = dict(
+        time_sampler=times,
+        loss=d.loss,
+        encoder_ar_weight=d.encoder_ar_weight,
+        self_condition_prob=d.self_condition_prob,
+        null_signal=d.null_signal,
+    )
+    if d.objective == "pretrain":
+        return obj_lib.DiffusionPretrainObjective(model, process, canvas_len=d.canvas_len or None, **common)
+    if d.objective == "sft":
+        return obj_lib.CanvasSFTObjective(model, process, canvas_len=d.canvas_len, **common)
+    raise ValueError(f"config.diffusion.objective={d.objective!r} must be 'pretrain', 'sft' or 'ar'.")
 
 
 def build_text_data(config: ml_collections.ConfigDict, workdir: str) -> text_lib.TextData:
-  dc = config.data
-  return text_lib.build_text_data(dc.corpus, dc.tokenizer, dc.vocab_size or None, dc.seq_len, workdir,
-                                  data_dir=dc.data_dir or None)
+    dc = config.data
+    return text_lib.build_text_data(
+        dc.corpus, dc.tokenizer, dc.vocab_size or None, dc.seq_len, workdir, data_dir=dc.data_dir or None
+    )
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int) -> T.Transformer:
-  shape = config.model.to_dict()
-  shape["vocab_size"] = vocab_size
-  return T.Transformer(TransformerConfig.from_dict(shape))
+    shape = config.model.to_dict()
+    shape["vocab_size"] = vocab_size
+    return T.Transformer(TransformerConfig.from_dict(shape))
 
 
 def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
-  if config.data.task != "text":
-    raise ValueError(f"config.data.task={config.data.task!r}: only 'text' is wired into train.py so far.")
-  data = build_text_data(config, workdir)
-  model = build_model(config, data.tokenizer.vocab_size)
-  process = build_process(config, data.tokenizer.vocab_size)
-  return Experiment(config=config, model=model, process=process, objective=build_objective(config, model, process),
-                    tokenizer=data.tokenizer, data=data)
+    if config.data.task not in ("text", "sudoku"):
+        raise ValueError(f"config.data.task={config.data.task!r} must be 'text' or 'sudoku'.")
+    if config.data.task == "sudoku":
+        if config.diffusion.process != "masking" or config.diffusion.objective != "pretrain":
+            raise ValueError(
+                "Sudoku in place needs config.diffusion.process='masking' and objective='pretrain' "
+                f"(got {config.diffusion.process!r}, {config.diffusion.objective!r})."
+            )
+        if config.diffusion.canvas_len:
+            raise ValueError("Sudoku in place is one canvas of 81 cells: set config.diffusion.canvas_len=0.")
+        data = build_sudoku_data(config)
+    else:
+        data = build_text_data(config, workdir)
+    model = build_model(config, data.tokenizer.vocab_size)
+    process = build_process(config, data.tokenizer.vocab_size)
+    return Experiment(
+        config=config,
+        model=model,
+        process=process,
+        objective=build_objective(config, model, process),
+        tokenizer=data.tokenizer,
+        data=data,
+    )
 
 
 def build_sampler(config: ml_collections.ConfigDict, process: NoiseProcess, **overrides: Any) -> DiffusionSampler:
-  s = config.sampler
-  try:
-    kwargs = json.loads(s.selection_kwargs) if s.selection_kwargs else {}
-  except json.JSONDecodeError as err:
-    raise ValueError(f"config.sampler.selection_kwargs must be a JSON object like '{{\"gamma\": 0.1}}', got "
-                     f"{s.selection_kwargs!r} ({err}).") from None
-  sampler = DiffusionSampler(
-      process=process,
-      selection=make_selection(s.selection, **kwargs),
-      temperature=AnnealedTemperature(s.min_temperature, s.max_temperature, s.temperature_exponent),
-      early_stopping=make_early_stopping(s.early_stopping),
-      num_steps=s.num_steps,
-      canvas_length=s.canvas_len,
-      null_signal=config.diffusion.null_signal,
-      forbidden_tokens=(0, 2, 3),  # never generate PAD, BOS or MASK
-  )
-  return sampler.replace(**overrides) if overrides else sampler
+    s = config.sampler
+    try:
+        kwargs = json.loads(s.selection_kwargs) if s.selection_kwargs else {}
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"config.sampler.selection_kwargs must be a JSON object like '{{\"gamma\": 0.1}}', got "
+            f"{s.selection_kwargs!r} ({err})."
+        ) from None
+    sampler = DiffusionSampler(
+        process=process,
+        selection=make_selection(s.selection, **kwargs),
+        temperature=AnnealedTemperature(s.min_temperature, s.max_temperature, s.temperature_exponent),
+        early_stopping=make_early_stopping(s.early_stopping),
+        num_steps=s.num_steps,
+        canvas_length=s.canvas_len,
+        null_signal=config.diffusion.null_signal,
+        forbidden_tokens=(0, 2, 3),  # never generate PAD, BOS or MASK
+    )
+    return sampler.replace(**overrides) if overrides else sampler
 
 
-def sample_texts(exp: Experiment, params, prompts: list[str], *, seed: int = 0,
-                 max_new_tokens: int | None = None) -> tuple[list[str], gen_lib.GenerationResult]:
-  """Generates a continuation of each prompt with the experiment's sampler (diffusion) or AR decoding."""
-  s = exp.config.sampler
-  max_new = max_new_tokens or s.max_new_tokens
-  ids = [[BOS_ID] + exp.tokenizer.encode(p) for p in prompts]
-  if exp.is_autoregressive:
-    result = gen_lib.generate_ar(exp.model, params, ids, key=seed, max_new_tokens=max_new,
-                                 sampling=gen_lib.ARSampling(temperature=s.ar_temperature),
-                                 forbidden_tokens=(0, 2, 3))
-  else:
-    sampler = build_sampler(exp.config, exp.process)
-    max_new = int(math.ceil(max_new / sampler.canvas_length) * sampler.canvas_length)
-    result = gen_lib.generate(exp.model, params, ids, sampler=sampler, key=seed, max_new_tokens=max_new,
-                              stop_tokens=(EOS_ID,))
-  texts = [exp.tokenizer.decode(np.asarray(row)) for row in result.tokens]
-  return texts, result
+def sample_texts(
+    exp: Experiment, params, prompts: list[str], *, seed: int = 0, max_new_tokens: int | None = None
+) -> tuple[list[str], gen_lib.GenerationResult]:
+    """Generates a continuation of each prompt with the experiment's sampler (diffusion) or AR decoding."""
+    s = exp.config.sampler
+    max_new = max_new_tokens or s.max_new_tokens
+    ids = [[BOS_ID] + exp.tokenizer.encode(p) for p in prompts]
+    if exp.is_autoregressive:
+        result = gen_lib.generate_ar(
+            exp.model,
+            params,
+            ids,
+            key=seed,
+            max_new_tokens=max_new,
+            sampling=gen_lib.ARSampling(temperature=s.ar_temperature),
+            forbidden_tokens=(0, 2, 3),
+        )
+    else:
+        sampler = build_sampler(exp.config, exp.process)
+        max_new = int(math.ceil(max_new / sampler.canvas_length) * sampler.canvas_length)
+        result = gen_lib.generate(
+            exp.model, params, ids, sampler=sampler, key=seed, max_new_tokens=max_new, stop_tokens=(EOS_ID,)
+        )
+    texts = [exp.tokenizer.decode(np.asarray(row)) for row in result.tokens]
+    return texts, result
 
 
 def flops_per_token(model: T.Transformer, seq_len: int) -> float:
-  """Training FLOPs per token of one forward+backward pass (6 N + attention), N = active matmul parameters."""
-  from hackable_diffusion.models.param_count import count_params
+    """Training FLOPs per token of one forward+backward pass (6 N + attention), N = active matmul parameters."""
+    from hackable_diffusion.models.param_count import count_params
 
-  cfg = model.cfg
-  counts = count_params(cfg)
-  # Matmul parameters per token: active minus the embedding lookup, plus the tied head (V x D matmul).
-  n = counts["active_params_per_token"] - counts["embedding_params"] + cfg.vocab_size * cfg.embed_dim
-  attn = 0
-  for layer_type in cfg.layer_types():
-    head_dim = cfg.global_attn_head_dim if layer_type == "global" else cfg.head_dim
-    span = seq_len if layer_type == "global" else min(seq_len, 2 * cfg.sliding_window)
-    attn += 2 * 2 * cfg.num_heads * head_dim * span  # QK^T and PV, forward
-  return float(3 * (2 * n + attn))
+    cfg = model.cfg
+    counts = count_params(cfg)
+    # Matmul parameters per token: active minus the embedding lookup, plus the tied head (V x D matmul).
+    n = counts["active_params_per_token"] - counts["embedding_params"] + cfg.vocab_size * cfg.embed_dim
+    attn = 0
+    for layer_type in cfg.layer_types():
+        head_dim = cfg.global_attn_head_dim if layer_type == "global" else cfg.head_dim
+        span = seq_len if layer_type == "global" else min(seq_len, 2 * cfg.sliding_window)
+        attn += 2 * 2 * cfg.num_heads * head_dim * span  # QK^T and PV, forward
+    return float(3 * (2 * n + attn))
 
 
 def objective_passes(config: ml_collections.ConfigDict) -> float:
-  """Forward passes over the sequence per training step: 1 (AR, one canvas), 2 (encoder + decoder), +1 with
-  self-conditioning (its first pass runs without gradients, counted fully here)."""
-  d = config.diffusion
-  if d.objective == "ar" or d.process == "none":
-    return 1.0
-  passes = 1.0 if (d.objective == "pretrain" and not d.canvas_len) else 2.0
-  if d.self_condition_prob > 0 and config.model.get("self_conditioning", False):
-    passes += 1.0
-  return passes
+    """Forward passes over the sequence per training step: 1 (AR, one canvas), 2 (encoder + decoder), +1 with
+    self-conditioning (its first pass runs without gradients, counted fully here)."""
+    d = config.diffusion
+    if d.objective == "ar" or d.process == "none":
+        return 1.0
+    passes = 1.0 if (d.objective == "pretrain" and not d.canvas_len) else 2.0
+    if d.self_condition_prob > 0 and config.model.get("self_conditioning", False):
+        passes += 1.0
+    return passes
 
 
-def evaluate_likelihood(exp: Experiment, params, *, num_batches: int | None = None, seed: int = 0,
-                        batch_size: int | None = None) -> dict[str, float]:
-  """Validation NLL (AR) or ELBO (diffusion) in bits per token, per character (Shakespeare) or perplexity per word
-  (PTB), with the Monte-Carlo standard error over batches (diffusion)."""
-  batch_size = batch_size or exp.config.eval.batch_size
-  batches = text_lib.make_eval_batches(exp.data.eval_sequences, batch_size)
-  if num_batches:
-    batches = batches[:num_batches]
-  key_name = "nll_bits_per_token" if exp.is_autoregressive else "elbo_bits_per_token"
-  fn = jax.jit(exp.objective)
-  bits, tokens = [], []
-  for i, batch in enumerate(batches):
-    _, metrics = fn(params, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.key(seed * 100003 + i))
-    n = float(np.sum(batch["weights"] > 0))
-    bits.append(float(metrics[key_name]) * n)
-    tokens.append(n)
-  bits, tokens = np.asarray(bits), np.asarray(tokens)
-  per_token = bits.sum() / tokens.sum()
-  per_batch = bits / tokens
-  se = float(np.std(per_batch, ddof=1) / np.sqrt(len(per_batch))) if len(per_batch) > 1 else float("nan")
-  out = {"bits_per_token": float(per_token), "bits_per_token_se": se, "eval_tokens": int(tokens.sum())}
-  full = exp.data.eval_num_tokens
-  covered = tokens.sum() / max(full, 1)
-  if exp.data.eval_num_chars:
-    out["bits_per_char"] = float(per_token * full / exp.data.eval_num_chars)
-  if exp.data.eval_num_words:
-    out["ppl_per_word"] = float(2 ** (per_token * full / exp.data.eval_num_words))
-  out["fraction_of_split"] = float(covered)
-  return out
+def evaluate_likelihood(
+    exp: Experiment, params, *, num_batches: int | None = None, seed: int = 0, batch_size: int | None = None
+) -> dict[str, float]:
+    """Validation NLL (AR) or ELBO (diffusion) in bits per token, per character (Shakespeare) or perplexity per word
+    (PTB), with the Monte-Carlo standard error over batches (diffusion)."""
+    batch_size = batch_size or exp.config.eval.batch_size
+    batches = text_lib.make_eval_batches(exp.data.eval_sequences, batch_size)
+    if num_batches:
+        batches = batches[:num_batches]
+    key_name = "nll_bits_per_token" if exp.is_autoregressive else "elbo_bits_per_token"
+    fn = jax.jit(exp.objective)
+    bits, tokens = [], []
+    for i, batch in enumerate(batches):
+        _, metrics = fn(params, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.key(seed * 100003 + i))
+        n = float(np.sum(batch["weights"] > 0))
+        bits.append(float(metrics[key_name]) * n)
+        tokens.append(n)
+    bits, tokens = np.asarray(bits), np.asarray(tokens)
+    per_token = bits.sum() / tokens.sum()
+    per_batch = bits / tokens
+    se = float(np.std(per_batch, ddof=1) / np.sqrt(len(per_batch))) if len(per_batch) > 1 else float("nan")
+    out = {"bits_per_token": float(per_token), "bits_per_token_se": se, "eval_tokens": int(tokens.sum())}
+    full = exp.data.eval_num_tokens
+    covered = tokens.sum() / max(full, 1)
+    if exp.data.eval_num_chars:
+        out["bits_per_char"] = float(per_token * full / exp.data.eval_num_chars)
+    if exp.data.eval_num_words:
+        out["ppl_per_word"] = float(2 ** (per_token * full / exp.data.eval_num_words))
+    out["fraction_of_split"] = float(covered)
+    return out
 
 
 def workdir_path(workdir: str) -> pathlib.Path:
-  path = pathlib.Path(workdir)
-  path.mkdir(parents=True, exist_ok=True)
-  return path
+    path = pathlib.Path(workdir)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def optimizer_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The optimizer section with `total_steps` resolved (0 means `train.num_steps`)."""
-  cfg = config.optimizer.copy_and_resolve_references()
-  if not cfg.total_steps:
-    cfg.total_steps = config.train.num_steps
-  return cfg
+    """The optimizer section with `total_steps` resolved (0 means `train.num_steps`)."""
+    cfg = config.optimizer.copy_and_resolve_references()
+    if not cfg.total_steps:
+        cfg.total_steps = config.train.num_steps
+    return cfg
 
 
 def load_params(exp: Experiment, workdir: str, *, use_ema: bool = True, step: int | None = None):
-  """Parameters of the latest (or given) checkpoint in `workdir/checkpoints`, on the default device.
+    """Parameters of the latest (or given) checkpoint in `workdir/checkpoints`, on the default device.
 
-  Returns (params, step). The EMA parameters are used when the run kept them and `use_ema`.
-  """
-  from hackable_diffusion.training import checkpointing, optimizers
-  from hackable_diffusion.training.train_state import TrainState
+    Returns (params, step). The EMA parameters are used when the run kept them and `use_ema`.
+    """
+    from hackable_diffusion.training import checkpointing, optimizers
+    from hackable_diffusion.training.train_state import TrainState
 
-  config = exp.config
-  optimizer = optimizers.make_optimizer(optimizer_config(config))
-  with_ema = config.train.ema_decay > 0
+    config = exp.config
+    optimizer = optimizers.make_optimizer(optimizer_config(config))
+    with_ema = config.train.ema_decay > 0
 
-  def create():
-    params = T.init_params(exp.model, jax.random.key(0))
-    return TrainState.create(params, optimizer, jax.random.key(0), use_ema=with_ema)
+    def create():
+        params = T.init_params(exp.model, jax.random.key(0))
+        return TrainState.create(params, optimizer, jax.random.key(0), use_ema=with_ema)
 
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), jax.eval_shape(create))
-  ckpt = checkpointing.Checkpointer(str(pathlib.Path(workdir) / "checkpoints"), async_save=False)
-  try:
-    if step is None:
-      restored = ckpt.restore_latest(abstract)
-      if restored is None:
-        raise FileNotFoundError(f"No checkpoint in {workdir}/checkpoints: train first with python -m "
-                                f"hackable_diffusion.train --config ... --workdir {workdir}.")
-      state, step = restored
-    else:
-      state = ckpt.restore(step, abstract)
-  finally:
-    ckpt.close()
-  params = state.ema_params if (use_ema and state.ema_params is not None) else state.params
-  return params, int(step)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), jax.eval_shape(create))
+    ckpt = checkpointing.Checkpointer(str(pathlib.Path(workdir) / "checkpoints"), async_save=False)
+    try:
+        if step is None:
+            restored = ckpt.restore_latest(abstract)
+            if restored is None:
+                raise FileNotFoundError(
+                    f"No checkpoint in {workdir}/checkpoints: train first with python -m "
+                    f"hackable_diffusion.train --config ... --workdir {workdir}."
+                )
+            state, step = restored
+        else:
+            state = ckpt.restore(step, abstract)
+    finally:
+        ckpt.close()
+    params = state.ema_params if (use_ema and state.ema_params is not None) else state.params
+    return params, int(step)
 
 
 def from_workdir(workdir: str) -> Experiment:
-  """Rebuilds the experiment of a training run from its saved config and tokenizer."""
-  from hackable_diffusion import cli
+    """Rebuilds the experiment of a training run from its saved config and tokenizer."""
+    from hackable_diffusion import cli
 
-  return build(cli.load_saved_config(workdir), workdir)
+    return build(cli.load_saved_config(workdir), workdir)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sudoku: solving and held-out scores
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def with_sampler_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of `config` with `config.sampler.KEY = value` for each override; strings are cast to the key's type."""
+    config = config.copy_and_resolve_references()
+    for key, value in overrides.items():
+        if key not in config.sampler:
+            raise ValueError(f"Unknown sampler key {key!r}; valid keys: {sorted(config.sampler.keys())}.")
+        current = config.sampler[key]
+        if isinstance(value, str) and not isinstance(current, str):
+            try:
+                value = type(current)(float(value)) if isinstance(current, (int, float)) else type(current)(value)
+            except ValueError:
+                raise ValueError(f"sampler.{key}={value!r} must be a {type(current).__name__}.") from None
+        config.sampler[key] = value
+    return config
+
+
+@dataclasses.dataclass(frozen=True)
+class SudokuSolution:
+    """predictions: (n, 81) grids; steps: denoising steps (forward passes) each puzzle used; seconds: wall time of
+    the solving calls after one compile/warm-up batch; batch_forward_passes: model calls over all batches."""
+
+    predictions: np.ndarray
+    steps: np.ndarray
+    seconds: float
+    batch_forward_passes: int
+
+
+def solve_sudoku(
+    exp: Experiment,
+    params,
+    puzzles: Int[np.ndarray, "n 81"],
+    *,
+    seed: int = 0,
+    batch_size: int = 256,
+    sampler_overrides: dict[str, Any] | None = None,
+) -> SudokuSolution:
+    """Fills the blanks of `puzzles` (0 = blank) with the experiment's sampler, givens fixed, over an empty cache.
+
+    Row i's randomness is fold_in(key(seed), i), so a puzzle's answer does not depend on the batch it is in. The
+    last batch is padded with inactive rows so that every batch has one compiled shape.
+    """
+    import time
+
+    if exp.is_autoregressive or not isinstance(exp.tokenizer, SudokuVocab):
+        raise ValueError("solve_sudoku needs a Sudoku diffusion experiment (config.data.task='sudoku').")
+    puzzles = np.asarray(puzzles)
+    if puzzles.ndim != 2 or puzzles.shape[1] != 81 or len(puzzles) == 0:
+        raise ValueError(f"puzzles must be a non-empty (n, 81) array, got shape {puzzles.shape}.")
+    config = with_sampler_overrides(exp.config, sampler_overrides or {})
+    sampler = build_sampler(config, exp.process, canvas_length=81, forbidden_tokens=SUDOKU_FORBIDDEN)
+    vocab = exp.tokenizer
+    n = len(puzzles)
+    b = max(1, min(int(batch_size), n))
+    all_keys = row_keys(jax.random.key(seed), n + b)
+    cache = init_cache(exp.model.cfg, b, 1)  # no prefix: every cache slot is invalid, the canvas attends to itself
+
+    def run(start: int):
+        chunk = puzzles[start : start + b]
+        real = len(chunk)
+        padded = np.concatenate([chunk, np.repeat(chunk[-1:], b - real, axis=0)]) if real < b else chunk
+        fixed = jnp.asarray(padded != 0)
+        keys = all_keys[start : start + b]
+        canvas = sampler.initial_canvas(keys, b, fixed=fixed, fixed_tokens=jnp.asarray(vocab.encode(padded)))
+        active = jnp.asarray(np.arange(b) < real)
+        result = denoise_canvas(exp.model, params, cache, canvas, keys, sampler=sampler, fixed=fixed, active=active)
+        jax.block_until_ready(result.canvas)
+        return result, real
+
+    run(0)  # compile (and warm up) outside the timed loop
+    preds, steps, passes = [], [], 0
+    start_time = time.perf_counter()
+    for start in range(0, n, b):
+        result, real = run(start)
+        preds.append(vocab.decode(np.asarray(result.canvas)[:real]))
+        steps.append(np.asarray(result.steps)[:real])
+        passes += int(result.forward_passes)
+    seconds = time.perf_counter() - start_time
+    return SudokuSolution(np.concatenate(preds), np.concatenate(steps), seconds, passes)
+
+
+def evaluate_sudoku(
+    exp: Experiment,
+    params,
+    puzzles: Int[np.ndarray, "n 81"],
+    solutions: Int[np.ndarray, "n 81"],
+    *,
+    levels: np.ndarray | None = None,
+    seed: int = 0,
+    batch_size: int = 256,
+    sampler_overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """DiffusionGemma's Sudoku metrics (`evals.sudoku_metrics`, split by givens and by `levels` when given) plus
+    forward passes per puzzle and puzzles per second."""
+    from hackable_diffusion.evals.sudoku_metrics import sudoku_metrics
+
+    solution = solve_sudoku(exp, params, puzzles, seed=seed, batch_size=batch_size, sampler_overrides=sampler_overrides)
+    metrics = sudoku_metrics(solution.predictions, puzzles, solutions, categories=levels, category_name="level")
+    out: dict[str, Any] = dict(metrics)
+    out["forward_passes_per_puzzle"] = float(solution.steps.mean())
+    out["max_forward_passes_per_puzzle"] = int(solution.steps.max())
+    out["batch_forward_passes"] = solution.batch_forward_passes
+    out["puzzles_per_second"] = float(len(puzzles) / max(solution.seconds, 1e-9))
+    out["solve_seconds"] = solution.seconds
+    out["givens_kept"] = bool(sudoku_lib.respects_givens(solution.predictions, puzzles).all())
+    return out
+
+
+def evaluate_sudoku_elbo(
+    exp: Experiment, params, *, num_batches: int | None = None, seed: int = 0, batch_size: int | None = None
+) -> dict[str, float]:
+    """The masking ELBO over the blanks of the held-out set, in bits per blank cell."""
+    batch_size = batch_size or exp.config.eval.batch_size
+    tokens = exp.tokenizer.encode(exp.data.eval_solutions)
+    fixed = exp.data.eval_puzzles != 0
+    fn = jax.jit(exp.objective)
+    bits, count = 0.0, 0
+    starts = list(range(0, len(tokens) - batch_size + 1, batch_size)) or [0]
+    for i, start in enumerate(starts[:num_batches] if num_batches else starts):
+        rows = slice(start, start + batch_size)
+        batch = {"tokens": jnp.asarray(tokens[rows]), "fixed": jnp.asarray(fixed[rows])}
+        _, metrics = fn(params, batch, jax.random.key(seed * 100003 + i))
+        blanks = int((~fixed[start : start + batch_size]).sum())
+        bits += float(metrics["elbo_bits_per_token"]) * blanks
+        count += blanks
+    return {"elbo_bits_per_blank": bits / max(count, 1), "eval_blanks": count}

@@ -19,78 +19,205 @@ OBJECTIVES = ("pretrain", "sft", "ar")
 
 
 def base_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.model = ml_collections.ConfigDict(presets.tiny())
-  c.data = ml_collections.ConfigDict(dict(
-      task="text",  # "text" (packed corpus) | "sudoku"
-      corpus="shakespeare",  # "shakespeare" | "ptb"
-      tokenizer="char",  # "char" | "spm"
-      vocab_size=0,  # spm only (0 = char tokenizer decides)
-      seq_len=128,
-      batch_size=16,  # per process
-      data_dir="",  # "" = $HD_DATA_DIR or ../shared/data
-  ))
-  c.diffusion = ml_collections.ConfigDict(dict(
-      process="uniform",
-      schedule="linear",
-      schedule_eps=1e-4,
-      excluded_ids=(0, 1, 2, 3),  # ids uniform noise never produces (PAD, EOS, BOS, MASK); () = the reference
-      objective="pretrain",
-      canvas_len=32,  # 0 = one canvas per sequence (MD4/MDLM)
-      loss="elbo",  # "elbo" | "canvas_ce"
-      time_sampler="antithetic",  # "uniform" | "antithetic" | "clipped_uniform"
-      t_min=0.0,
-      t_max=1.0,
-      encoder_ar_weight=0.0,
-      self_condition_prob=0.0,
-      null_signal="zeros",
-  ))
-  c.optimizer = ml_collections.ConfigDict(dict(
-      name="adamw", peak_lr=3e-3, end_lr=3e-4, warmup_steps=50, total_steps=0,  # 0: train.num_steps
-      weight_decay=0.01, b1=0.9,
-      b2=0.99, eps=1e-8, clip_norm=1.0))
-  c.train = ml_collections.ConfigDict(dict(
-      num_steps=500, grad_accum_steps=1, ema_decay=0.0, log_every=25, eval_every=250, checkpoint_every=250,
-      keep_checkpoints=3))
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
-  c.eval = ml_collections.ConfigDict(dict(num_batches=8, batch_size=32, num_samples=2))
-  c.sampler = ml_collections.ConfigDict(dict(
-      selection="entropy_bound",  # any key of sampling.selection.SELECTION_RULES
-      selection_kwargs='{"gamma": 0.1}',  # JSON: the rule's arguments, e.g. '{"tau": 0.9}' for "threshold"
-      early_stopping="diffusiongemma",  # any key of sampling.early_stopping.EARLY_STOPPING
-      min_temperature=0.4, max_temperature=0.8, temperature_exponent=1.0,
-      num_steps=32, canvas_len=32, max_new_tokens=128, prompt="ROMEO:", ar_temperature=0.8))
-  return c
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.model = ml_collections.ConfigDict(presets.tiny())
+    c.data = ml_collections.ConfigDict(
+        dict(
+            task="text",  # "text" (packed corpus) | "sudoku"
+            corpus="shakespeare",  # "shakespeare" | "ptb"
+            tokenizer="char",  # "char" | "spm"
+            vocab_size=0,  # spm only (0 = char tokenizer decides)
+            seq_len=128,
+            batch_size=16,  # per process
+            data_dir="",  # "" = $HD_DATA_DIR or ../shared/data
+        )
+    )
+    c.diffusion = ml_collections.ConfigDict(
+        dict(
+            process="uniform",
+            schedule="linear",
+            schedule_eps=1e-4,
+            excluded_ids=(0, 1, 2, 3),  # ids uniform noise never produces (PAD, EOS, BOS, MASK); () = the reference
+            objective="pretrain",
+            canvas_len=32,  # 0 = one canvas per sequence (MD4/MDLM)
+            loss="elbo",  # "elbo" | "canvas_ce"
+            time_sampler="antithetic",  # "uniform" | "antithetic" | "clipped_uniform"
+            t_min=0.0,
+            t_max=1.0,
+            encoder_ar_weight=0.0,
+            self_condition_prob=0.0,
+            null_signal="zeros",
+        )
+    )
+    c.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            peak_lr=3e-3,
+            end_lr=3e-4,
+            warmup_steps=50,
+            total_steps=0,  # 0: train.num_steps
+            weight_decay=0.01,
+            b1=0.9,
+            b2=0.99,
+            eps=1e-8,
+            clip_norm=1.0,
+        )
+    )
+    c.train = ml_collections.ConfigDict(
+        dict(
+            num_steps=500,
+            grad_accum_steps=1,
+            ema_decay=0.0,
+            log_every=25,
+            eval_every=250,
+            checkpoint_every=250,
+            keep_checkpoints=3,
+        )
+    )
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))
+    c.eval = ml_collections.ConfigDict(dict(num_batches=8, batch_size=32, num_samples=2))
+    c.sampler = ml_collections.ConfigDict(
+        dict(
+            selection="entropy_bound",  # any key of sampling.selection.SELECTION_RULES
+            selection_kwargs='{"gamma": 0.1}',  # JSON: the rule's arguments, e.g. '{"tau": 0.9}' for "threshold"
+            early_stopping="diffusiongemma",  # any key of sampling.early_stopping.EARLY_STOPPING
+            min_temperature=0.4,
+            max_temperature=0.8,
+            temperature_exponent=1.0,
+            num_steps=32,
+            canvas_len=32,
+            max_new_tokens=128,
+            prompt="ROMEO:",
+            ar_temperature=0.8,
+        )
+    )
+    return c
 
 
-def text_config(corpus: str = "shakespeare", process: str = "uniform", *, model: dict[str, Any] | None = None,
-                steps: int = 500, seq_len: int = 128, batch_size: int = 16, canvas_len: int = 32,
-                diffusiongemma_recipe: bool | None = None) -> ml_collections.ConfigDict:
-  """A text pretraining experiment. `process="uniform"` defaults to DiffusionGemma's recipe (canvas CE, encoder
-  AR loss, self-conditioning); "masking" to the MD4/MDLM ELBO over block canvases; "none" to the AR baseline."""
-  if process not in PROCESSES:
-    raise ValueError(f"process={process!r} is not one of {PROCESSES}.")
-  c = base_config()
-  c.model = ml_collections.ConfigDict(model or presets.tiny())
-  c.data.corpus = corpus
-  c.data.seq_len = seq_len
-  c.data.batch_size = batch_size
-  if corpus == "ptb":
-    c.data.tokenizer, c.data.vocab_size = "spm", 2048
-    c.sampler.prompt = "the company said"
-  c.diffusion.process = process
-  c.diffusion.canvas_len = canvas_len
-  c.sampler.canvas_len = canvas_len
-  c.train.num_steps = steps
-  recipe = process == "uniform" if diffusiongemma_recipe is None else diffusiongemma_recipe
-  if process == "none":
-    c.diffusion.objective = "ar"
-  elif recipe:
-    c.diffusion.loss = "canvas_ce"
-    c.diffusion.encoder_ar_weight = 1.0
-    c.diffusion.self_condition_prob = 0.5
-    c.diffusion.time_sampler = "uniform"
-    c.diffusion.t_min, c.diffusion.t_max = 1e-4, 1.0 - 1e-4
-    c.model.self_conditioning = True
-  return c
+def text_config(
+    corpus: str = "shakespeare",
+    process: str = "uniform",
+    *,
+    model: dict[str, Any] | None = None,
+    steps: int = 500,
+    seq_len: int = 128,
+    batch_size: int = 16,
+    canvas_len: int = 32,
+    diffusiongemma_recipe: bool | None = None,
+) -> ml_collections.ConfigDict:
+    """A text pretraining experiment. `process="uniform"` defaults to DiffusionGemma's recipe (canvas CE, encoder
+    AR loss, self-conditioning); "masking" to the MD4/MDLM ELBO over block canvases; "none" to the AR baseline."""
+    if process not in PROCESSES:
+        raise ValueError(f"process={process!r} is not one of {PROCESSES}.")
+    c = base_config()
+    c.model = ml_collections.ConfigDict(model or presets.tiny())
+    c.data.corpus = corpus
+    c.data.seq_len = seq_len
+    c.data.batch_size = batch_size
+    if corpus == "ptb":
+        c.data.tokenizer, c.data.vocab_size = "spm", 2048
+        c.sampler.prompt = "the company said"
+    c.diffusion.process = process
+    c.diffusion.canvas_len = canvas_len
+    c.sampler.canvas_len = canvas_len
+    c.train.num_steps = steps
+    recipe = process == "uniform" if diffusiongemma_recipe is None else diffusiongemma_recipe
+    if process == "none":
+        c.diffusion.objective = "ar"
+    elif recipe:
+        c.diffusion.loss = "canvas_ce"
+        c.diffusion.encoder_ar_weight = 1.0
+        c.diffusion.self_condition_prob = 0.5
+        c.diffusion.time_sampler = "uniform"
+        c.diffusion.t_min, c.diffusion.t_max = 1e-4, 1.0 - 1e-4
+        c.model.self_conditioning = True
+    return c
+
+
+def sudoku_model(vocab_size: int = 13) -> dict[str, Any]:
+    """About 4.8M parameters, bidirectional, every layer global (81 cells need no sliding window), dense FFN.
+
+    Derived from the 26B-A4B dictionary (qk-norm, softcap, gated-GELU FFN); full RoPE on the global layers (the
+    reference rotates a quarter of the global head: with no absolute position embedding, the cell's row/column
+    has to come from positions) and separate K and V projections.
+    """
+    return presets.derived(
+        vocab_size=vocab_size,
+        embed_dim=256,
+        num_layers=6,
+        num_heads=8,
+        head_dim=32,
+        num_kv_heads=8,
+        ffw_hidden=640,
+        layer_pattern=("global",),
+        sliding_window=81,
+        global_head_dim=32,
+        global_num_kv_heads=8,
+        k_eq_v_global=False,
+        rope_global_base=10_000.0,
+        rope_global_proportion=1.0,
+        moe=None,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
+
+
+def sudoku_config(
+    *,
+    model: dict[str, Any] | None = None,
+    steps: int = 3000,
+    batch_size: int = 64,
+    num_train: int = 200_000,
+    givens: tuple[int, int] = (24, 50),
+) -> ml_collections.ConfigDict:
+    """Masking diffusion over the 81 cells in place (Ye et al. 2024; Kim et al. 2025): givens fixed, blanks noised,
+    one bidirectional pass per step; trained on generated unique puzzles (`data.sudoku.generate_dataset`, cached)."""
+    c = base_config()
+    c.model = ml_collections.ConfigDict(model or sudoku_model())
+    c.data.task = "sudoku"
+    c.data.corpus = ""
+    c.data.tokenizer = ""
+    c.data.seq_len = 81
+    c.data.batch_size = batch_size
+    c.data.num_train = num_train
+    c.data.num_eval = 256  # held-out generated puzzles scored during training (another generator seed)
+    c.data.givens_min, c.data.givens_max = givens
+    c.data.unique = True
+    c.data.generator_seed = 0
+    c.data.cache_dir = ""  # "" = $HACKABLE_DIFFUSION_CACHE or ~/.cache/hackable_diffusion
+    c.diffusion.process = "masking"
+    c.diffusion.objective = "pretrain"
+    c.diffusion.canvas_len = 0
+    c.diffusion.loss = "elbo"
+    c.diffusion.excluded_ids = ()
+    c.train.num_steps = steps
+    c.eval.num_batches = 2
+    c.eval.batch_size = 64
+    c.eval.num_samples = 0
+    c.eval.num_puzzles = 64  # held-out puzzles solved at each evaluation
+    c.sampler.selection = "top_k_margin"  # Kim et al. 2025: top-probability margin
+    c.sampler.selection_kwargs = ""
+    c.sampler.early_stopping = "none"  # a row stops when no blank is left
+    c.sampler.num_steps = 12
+    c.sampler.canvas_len = 81
+    c.sampler.min_temperature = 0.1
+    c.sampler.max_temperature = 0.1
+    c.sampler.prompt = ""
+    return c
+
+
+def text_experiment(corpus: str, process: str, *, moe: bool = False) -> ml_collections.ConfigDict:
+    """The text comparison (configs/{shakespeare,ptb}_{uniform,masking,ar}[_moe].py): the ~19M-active-parameter
+    `presets.small` backbone, dense or MoE with equal active parameters, 3000 steps of 16 x 256 tokens, canvases of 64.
+    Only the process and objective differ between the three models of a corpus, so they see the same tokens."""
+    c = text_config(
+        corpus, process, model=presets.small(moe=moe), steps=3000, seq_len=256, batch_size=16, canvas_len=64
+    )
+    c.optimizer.peak_lr = 1e-3
+    c.optimizer.end_lr = 1e-4
+    c.optimizer.warmup_steps = 200
+    c.train.eval_every = 500
+    c.train.checkpoint_every = 500
+    c.sampler.num_steps = 64
+    return c

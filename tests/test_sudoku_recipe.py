@@ -157,9 +157,18 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
 
     # The CLI function on generated held-out puzzles and on a CSV file with a level column.
     metrics = evaluate.sudoku(workdir, "generated:30-36:5:7", sampler=["num_steps=3"])
-    for key in ("accuracy", "cell_accuracy", "exact_mask_accuracy", "partial_mask_accuracy", "accuracy_hard",
-                "accuracy_medium", "accuracy_easy", "blank_accuracy", "forward_passes_per_puzzle",
-                "puzzles_per_second"):
+    for key in (
+        "accuracy",
+        "cell_accuracy",
+        "exact_mask_accuracy",
+        "partial_mask_accuracy",
+        "accuracy_hard",
+        "accuracy_medium",
+        "accuracy_easy",
+        "blank_accuracy",
+        "forward_passes_per_puzzle",
+        "puzzles_per_second",
+    ):
         assert key in metrics
     assert metrics["sudoku_count"] == 5 and metrics["exact_mask_accuracy"] == 1.0 and metrics["givens_kept"]
     assert metrics["sampler"]["num_steps"] == 3 and metrics["max_forward_passes_per_puzzle"] <= 3

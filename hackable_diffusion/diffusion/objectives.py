@@ -2,7 +2,8 @@
 
 Three objectives over the same backbone:
 
-* `DiffusionPretrainObjective` — packed text, either process.
+* `DiffusionPretrainObjective` — packed text, either process; an optional `batch["fixed"]` (Sudoku givens, infill
+  context) marks positions that are attended to but never corrupted and never in the loss.
   - `canvas_len=None`: one canvas per sequence, a bidirectional pass over the whole corrupted sequence (MD4/MDLM).
   - `canvas_len=C`: block diffusion over canvases of C tokens (BD3-LM, Arriola et al. 2025, and exactly
     DiffusionGemma's structure): a causal "encoder" pass over the clean sequence fills a KV cache (and gives an AR
@@ -48,210 +49,257 @@ LOSSES = ("elbo", "canvas_ce")
 
 
 def _check_loss(loss: str):
-  if loss not in LOSSES:
-    raise ValueError(f"Unknown diffusion loss {loss!r}; choose one of {LOSSES}.")
+    if loss not in LOSSES:
+        raise ValueError(f"Unknown diffusion loss {loss!r}; choose one of {LOSSES}.")
 
 
-def _decoder_with_self_conditioning(model: T.Transformer, params, run, shape: tuple[int, int], rng: jax.Array,
-                                    prob: float, null_signal: str) -> tuple[Float[Array, "b l v"], Metrics]:
-  """Runs `run(sc_signal)` once (no self-conditioning) or twice (self-conditioning training)."""
-  if not model.cfg.self_conditioning:
-    return run(None)
-  null = T.model_method(model, params, "null_sc_signal", shape, kind=null_signal)
-  if prob <= 0.0:
-    return run(null)
-  first, _ = run(null)
-  signal = jax.lax.stop_gradient(T.model_method(model, params, "sc_signal", first))
-  use = jax.random.bernoulli(rng, prob, (shape[0],))[:, None, None]
-  return run(jnp.where(use, signal, null))
+def _decoder_with_self_conditioning(
+    model: T.Transformer, params, run, shape: tuple[int, int], rng: jax.Array, prob: float, null_signal: str
+) -> tuple[Float[Array, "b l v"], Metrics]:
+    """Runs `run(sc_signal)` once (no self-conditioning) or twice (self-conditioning training)."""
+    if not model.cfg.self_conditioning:
+        return run(None)
+    null = T.model_method(model, params, "null_sc_signal", shape, kind=null_signal)
+    if prob <= 0.0:
+        return run(null)
+    first, _ = run(null)
+    signal = jax.lax.stop_gradient(T.model_method(model, params, "sc_signal", first))
+    use = jax.random.bernoulli(rng, prob, (shape[0],))[:, None, None]
+    return run(jnp.where(use, signal, null))
 
 
 def _diffusion_loss(loss: str, process: NoiseProcess, logits, x0, xt, t, loss_mask):
-  """(training loss per example, ELBO nats per example)."""
-  elbo = losses.process_elbo(logits, x0, xt, t, process, loss_mask)
-  if loss == "elbo":
-    per_token = elbo / jnp.maximum(jnp.sum(loss_mask, axis=-1), 1)
-    return per_token, elbo
-  return losses.canvas_cross_entropy(logits, x0, loss_mask), elbo
+    """(training loss per example, ELBO nats per example)."""
+    elbo = losses.process_elbo(logits, x0, xt, t, process, loss_mask)
+    if loss == "elbo":
+        per_token = elbo / jnp.maximum(jnp.sum(loss_mask, axis=-1), 1)
+        return per_token, elbo
+    return losses.canvas_cross_entropy(logits, x0, loss_mask), elbo
 
 
 @dataclasses.dataclass(frozen=True)
 class DiffusionPretrainObjective:
-  """Diffusion on packed text: one canvas per sequence, or block diffusion over canvases of `canvas_len`."""
+    """Diffusion on packed text: one canvas per sequence, or block diffusion over canvases of `canvas_len`."""
 
-  model: T.Transformer
-  process: NoiseProcess
-  time_sampler: Any = UniformTimeSampler()
-  canvas_len: int | None = None
-  loss: str = "elbo"
-  encoder_ar_weight: float = 0.0  # DiffusionGemma adds the encoder's next-token loss with weight 1
-  self_condition_prob: float = 0.0
-  null_signal: str = "zeros"
+    model: T.Transformer
+    process: NoiseProcess
+    time_sampler: Any = UniformTimeSampler()
+    canvas_len: int | None = None
+    loss: str = "elbo"
+    encoder_ar_weight: float = 0.0  # DiffusionGemma adds the encoder's next-token loss with weight 1
+    self_condition_prob: float = 0.0
+    null_signal: str = "zeros"
 
-  def __post_init__(self):
-    _check_loss(self.loss)
-    if self.canvas_len is None and self.encoder_ar_weight:
-      raise ValueError("encoder_ar_weight needs block diffusion (canvas_len): one-canvas training has no encoder.")
+    def __post_init__(self):
+        _check_loss(self.loss)
+        if self.canvas_len is None and self.encoder_ar_weight:
+            raise ValueError(
+                "encoder_ar_weight needs block diffusion (canvas_len): one-canvas training has no encoder."
+            )
 
-  def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
-    x0: Int[Array, "b l"] = batch["tokens"]
-    b, l = x0.shape
-    t_key, noise_key, sc_key = jax.random.split(rng, 3)
-    weights = batch.get("weights")
-    token_mask = jnp.ones((b, l), bool) if weights is None else weights > 0
-    if self.canvas_len is None:
-      return self._one_canvas(params, x0, token_mask, t_key, noise_key, sc_key)
-    return self._blocks(params, x0, token_mask, t_key, noise_key, sc_key)
+    def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
+        """batch: tokens (b, l); optional weights (b, l) (0 = padding: not attended, not in the loss) and fixed
+        (b, l) bool (given context such as Sudoku givens: attended, never corrupted, not in the loss)."""
+        x0: Int[Array, "b l"] = batch["tokens"]
+        b, l = x0.shape
+        t_key, noise_key, sc_key = jax.random.split(rng, 3)
+        weights = batch.get("weights")
+        token_mask = jnp.ones((b, l), bool) if weights is None else weights > 0
+        fixed = batch.get("fixed")
+        if fixed is not None and fixed.shape != (b, l):
+            raise ValueError(f'batch["fixed"] must have the shape of batch["tokens"] {(b, l)}, got {fixed.shape}.')
+        fixed = jnp.zeros((b, l), bool) if fixed is None else fixed.astype(bool)
+        if self.canvas_len is None:
+            return self._one_canvas(params, x0, token_mask, fixed, t_key, noise_key, sc_key)
+        return self._blocks(params, x0, token_mask, fixed, t_key, noise_key, sc_key)
 
-  def _one_canvas(self, params, x0, token_mask, t_key, noise_key, sc_key):
-    b, l = x0.shape
-    t = self.time_sampler(t_key, b)
-    xt, _ = self.process.corrupt(noise_key, x0, t, fixed=~token_mask)
+    def _one_canvas(self, params, x0, token_mask, fixed, t_key, noise_key, sc_key):
+        b, l = x0.shape
+        t = self.time_sampler(t_key, b)
+        loss_mask = token_mask & ~fixed
+        xt, _ = self.process.corrupt(noise_key, x0, t, fixed=~loss_mask)
 
-    def run(signal):
-      return T.forward(self.model, params, xt, token_mask=token_mask, causal=False, sc_signal=signal)
+        def run(signal):
+            return T.forward(self.model, params, xt, token_mask=token_mask, causal=False, sc_signal=signal)
 
-    logits, aux = _decoder_with_self_conditioning(self.model, params, run, (b, l), sc_key, self.self_condition_prob,
-                                                  self.null_signal)
-    train, elbo = _diffusion_loss(self.loss, self.process, logits, x0, xt, t, token_mask)
-    count = jnp.sum(token_mask, axis=-1)
-    metrics = {"diffusion_loss": jnp.mean(train),
-               "elbo_bits_per_token": jnp.sum(elbo) / jnp.maximum(jnp.sum(count), 1) / math.log(2)}
-    loss = jnp.mean(train) + _aux_loss(aux)
-    return loss, dict(metrics, loss=loss, **_moe_metrics(aux))
+        logits, aux = _decoder_with_self_conditioning(
+            self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
+        )
+        train, elbo = _diffusion_loss(self.loss, self.process, logits, x0, xt, t, loss_mask)
+        count = jnp.sum(loss_mask, axis=-1)
+        metrics = {
+            "diffusion_loss": jnp.mean(train),
+            "elbo_bits_per_token": jnp.sum(elbo) / jnp.maximum(jnp.sum(count), 1) / math.log(2),
+        }
+        loss = jnp.mean(train) + _aux_loss(aux)
+        return loss, dict(metrics, loss=loss, **_moe_metrics(aux))
 
-  def _blocks(self, params, x0, token_mask, t_key, noise_key, sc_key):
-    b, l = x0.shape
-    c = self.canvas_len
-    if l % c:
-      raise ValueError(f"Sequence length {l} is not a multiple of canvas_len={c}.")
-    n = l // c
-    # Encoder: causal pass over the clean sequence; its KV cache is what every canvas reads.
-    cache = init_cache(self.model.cfg, b, l)
-    enc_logits, cache = T.append(self.model, params, x0, cache, token_mask=token_mask)
+    def _blocks(self, params, x0, token_mask, fixed, t_key, noise_key, sc_key):
+        b, l = x0.shape
+        c = self.canvas_len
+        if l % c:
+            raise ValueError(f"Sequence length {l} is not a multiple of canvas_len={c}.")
+        n = l // c
+        # Encoder: causal pass over the clean sequence; its KV cache is what every canvas reads.
+        cache = init_cache(self.model.cfg, b, l)
+        enc_logits, cache = T.append(self.model, params, x0, cache, token_mask=token_mask)
 
-    # One time per (example, canvas), as BD3-LM; each canvas is corrupted on its own.
-    t = self.time_sampler(t_key, b * n)
-    x0_c, mask_c = x0.reshape(b * n, c), token_mask.reshape(b * n, c)
-    xt_c, _ = self.process.corrupt(noise_key, x0_c, t, fixed=~mask_c)
-    xt = xt_c.reshape(b, l)
+        # One time per (example, canvas), as BD3-LM; each canvas is corrupted on its own.
+        t = self.time_sampler(t_key, b * n)
+        x0_c, mask_c = x0.reshape(b * n, c), (token_mask & ~fixed).reshape(b * n, c)
+        xt_c, _ = self.process.corrupt(noise_key, x0_c, t, fixed=~mask_c)
+        xt = xt_c.reshape(b, l)
 
-    canvas_of = jnp.arange(l) // c
-    prefix_mask = (canvas_of[None, :, None] > canvas_of[None, None, :]) & cache.valid[:, None, :]  # clean < k
-    self_mask = (canvas_of[:, None] == canvas_of[None, :])[None] & token_mask[:, None, :]
-    positions = T.positions_from_mask(token_mask)
+        canvas_of = jnp.arange(l) // c
+        prefix_mask = (canvas_of[None, :, None] > canvas_of[None, None, :]) & cache.valid[:, None, :]  # clean < k
+        self_mask = (canvas_of[:, None] == canvas_of[None, :])[None] & token_mask[:, None, :]
+        positions = T.positions_from_mask(token_mask)
 
-    def run(signal):
-      return T.decode_block(self.model, params, xt, cache, token_mask=token_mask, sc_signal=signal,
-                            prefix_mask=jnp.broadcast_to(prefix_mask, (b, l, l)), positions=positions,
-                            self_mask=self_mask)
+        def run(signal):
+            return T.decode_block(
+                self.model,
+                params,
+                xt,
+                cache,
+                token_mask=token_mask,
+                sc_signal=signal,
+                prefix_mask=jnp.broadcast_to(prefix_mask, (b, l, l)),
+                positions=positions,
+                self_mask=self_mask,
+            )
 
-    logits, aux = _decoder_with_self_conditioning(self.model, params, run, (b, l), sc_key, self.self_condition_prob,
-                                                  self.null_signal)
-    train, elbo = _diffusion_loss(self.loss, self.process, logits.reshape(b * n, c, -1), x0_c, xt_c, t, mask_c)
-    ar, _ = losses.autoregressive_cross_entropy(enc_logits, x0, token_mask)
-    count = jnp.sum(token_mask)
-    diffusion = jnp.mean(train)
-    loss = diffusion + self.encoder_ar_weight * jnp.mean(ar) + _aux_loss(aux)
-    metrics = {"loss": loss, "diffusion_loss": diffusion, "encoder_ar_loss": jnp.mean(ar),
-               "elbo_bits_per_token": jnp.sum(elbo) / jnp.maximum(count, 1) / math.log(2)}
-    return loss, dict(metrics, **_moe_metrics(aux))
+        logits, aux = _decoder_with_self_conditioning(
+            self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
+        )
+        train, elbo = _diffusion_loss(self.loss, self.process, logits.reshape(b * n, c, -1), x0_c, xt_c, t, mask_c)
+        ar, _ = losses.autoregressive_cross_entropy(enc_logits, x0, token_mask)
+        count = jnp.sum(mask_c)
+        diffusion = jnp.mean(train)
+        loss = diffusion + self.encoder_ar_weight * jnp.mean(ar) + _aux_loss(aux)
+        metrics = {
+            "loss": loss,
+            "diffusion_loss": diffusion,
+            "encoder_ar_loss": jnp.mean(ar),
+            "elbo_bits_per_token": jnp.sum(elbo) / jnp.maximum(count, 1) / math.log(2),
+        }
+        return loss, dict(metrics, **_moe_metrics(aux))
 
 
 @dataclasses.dataclass(frozen=True)
 class CanvasSFTObjective:
-  """DiffusionGemma's prompt -> response canvas SFT, without the reference's multi-canvas bug.
+    """DiffusionGemma's prompt -> response canvas SFT, without the reference's multi-canvas bug.
 
-  The batch is `data.canvas.collate_examples` of `CanvasChunker` outputs: prompt (b, P), prompt_mask, canvas
-  (b, N*C), canvas_id, canvas_mask, num_canvases.
-  """
+    The batch is `data.canvas.collate_examples` of `CanvasChunker` outputs: prompt (b, P), prompt_mask, canvas
+    (b, N*C), canvas_id, canvas_mask, num_canvases.
+    """
 
-  model: T.Transformer
-  process: NoiseProcess
-  canvas_len: int
-  time_sampler: Any = UniformTimeSampler(1e-4, 1.0 - 1e-4)
-  loss: str = "canvas_ce"
-  encoder_ar_weight: float = 1.0
-  self_condition_prob: float = 0.5
-  null_signal: str = "mean_embedding"
+    model: T.Transformer
+    process: NoiseProcess
+    canvas_len: int
+    time_sampler: Any = UniformTimeSampler(1e-4, 1.0 - 1e-4)
+    loss: str = "canvas_ce"
+    encoder_ar_weight: float = 1.0
+    self_condition_prob: float = 0.5
+    null_signal: str = "mean_embedding"
 
-  def __post_init__(self):
-    _check_loss(self.loss)
+    def __post_init__(self):
+        _check_loss(self.loss)
 
-  def pieces(self, params, batch: dict[str, Array], rng: jax.Array,
-             selected: Int[Array, "b"] | None = None) -> dict[str, Array]:
-    """Every intermediate of the objective (used by the loss, and by tests)."""
-    prompt, prompt_mask = batch["prompt"], batch["prompt_mask"].astype(bool)
-    canvas, canvas_mask = batch["canvas"], batch["canvas_mask"].astype(bool)
-    b, p = prompt.shape
-    c = self.canvas_len
-    n = canvas.shape[1] // c
-    t_key, noise_key, pick_key, sc_key = jax.random.split(rng, 4)
-    if selected is None:
-      count = jnp.maximum(jnp.asarray(batch["num_canvases"]).reshape(b), 1)
-      selected = jnp.floor(jax.random.uniform(pick_key, (b,)) * count).astype(jnp.int32)
+    def pieces(
+        self, params, batch: dict[str, Array], rng: jax.Array, selected: Int[Array, "b"] | None = None
+    ) -> dict[str, Array]:
+        """Every intermediate of the objective (used by the loss, and by tests)."""
+        prompt, prompt_mask = batch["prompt"], batch["prompt_mask"].astype(bool)
+        canvas, canvas_mask = batch["canvas"], batch["canvas_mask"].astype(bool)
+        b, p = prompt.shape
+        c = self.canvas_len
+        n = canvas.shape[1] // c
+        t_key, noise_key, pick_key, sc_key = jax.random.split(rng, 4)
+        if selected is None:
+            count = jnp.maximum(jnp.asarray(batch["num_canvases"]).reshape(b), 1)
+            selected = jnp.floor(jax.random.uniform(pick_key, (b,)) * count).astype(jnp.int32)
 
-    # Encoder: causal pass over [prompt; clean canvases] -> KV cache and AR logits.
-    seq = jnp.concatenate([prompt, canvas], axis=1)
-    seq_mask = jnp.concatenate([prompt_mask, canvas_mask], axis=1)
-    cache = init_cache(self.model.cfg, b, p + n * c)
-    enc_logits, cache = T.append(self.model, params, seq, cache, token_mask=seq_mask)
+        # Encoder: causal pass over [prompt; clean canvases] -> KV cache and AR logits.
+        seq = jnp.concatenate([prompt, canvas], axis=1)
+        seq_mask = jnp.concatenate([prompt_mask, canvas_mask], axis=1)
+        cache = init_cache(self.model.cfg, b, p + n * c)
+        enc_logits, cache = T.append(self.model, params, seq, cache, token_mask=seq_mask)
 
-    # The selected clean canvas, its positions, and its corruption.
-    take = lambda x: jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s * c, c))(x, selected)
-    x0 = take(canvas)
-    positions = take(T.positions_from_mask(seq_mask)[:, p:])
-    t = self.time_sampler(t_key, b)
-    xt, _ = self.process.corrupt(noise_key, x0, t)
+        # The selected clean canvas, its positions, and its corruption.
+        take = lambda x: jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s * c, c))(x, selected)
+        x0 = take(canvas)
+        positions = take(T.positions_from_mask(seq_mask)[:, p:])
+        t = self.time_sampler(t_key, b)
+        xt, _ = self.process.corrupt(noise_key, x0, t)
 
-    slot_canvas = jnp.concatenate([jnp.full((p,), -1), jnp.arange(n * c) // c])  # -1 for prompt slots
-    visible = (slot_canvas[None, :] < selected[:, None]) & seq_mask  # prompt + clean canvases < s
-    prefix_mask = jnp.broadcast_to(visible[:, None, :], (b, c, p + n * c))
+        slot_canvas = jnp.concatenate([jnp.full((p,), -1), jnp.arange(n * c) // c])  # -1 for prompt slots
+        visible = (slot_canvas[None, :] < selected[:, None]) & seq_mask  # prompt + clean canvases < s
+        prefix_mask = jnp.broadcast_to(visible[:, None, :], (b, c, p + n * c))
 
-    def run(signal):
-      return T.decode_block(self.model, params, xt, cache, sc_signal=signal, prefix_mask=prefix_mask,
-                            positions=positions)
+        def run(signal):
+            return T.decode_block(
+                self.model, params, xt, cache, sc_signal=signal, prefix_mask=prefix_mask, positions=positions
+            )
 
-    logits, aux = _decoder_with_self_conditioning(self.model, params, run, (b, c), sc_key, self.self_condition_prob,
-                                                  self.null_signal)
-    return dict(cache=cache, encoder_logits=enc_logits, seq=seq, seq_mask=seq_mask, selected=selected, x0=x0, xt=xt,
-                t=t, positions=positions, logits=logits, aux=aux)
+        logits, aux = _decoder_with_self_conditioning(
+            self.model, params, run, (b, c), sc_key, self.self_condition_prob, self.null_signal
+        )
+        return dict(
+            cache=cache,
+            encoder_logits=enc_logits,
+            seq=seq,
+            seq_mask=seq_mask,
+            selected=selected,
+            x0=x0,
+            xt=xt,
+            t=t,
+            positions=positions,
+            logits=logits,
+            aux=aux,
+        )
 
-  def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
-    out = self.pieces(params, batch, rng)
-    b, c = out["x0"].shape
-    canvas_loss_mask = jnp.ones((b, c), bool)  # every position of the selected canvas, EOS fill included
-    train, elbo = _diffusion_loss(self.loss, self.process, out["logits"], out["x0"], out["xt"], out["t"],
-                                  canvas_loss_mask)
-    ar, _ = losses.autoregressive_cross_entropy(out["encoder_logits"], out["seq"], out["seq_mask"])
-    diffusion = jnp.mean(train)
-    loss = diffusion + self.encoder_ar_weight * jnp.mean(ar) + _aux_loss(out["aux"])
-    metrics = {"loss": loss, "diffusion_loss": diffusion, "encoder_ar_loss": jnp.mean(ar),
-               "elbo_bits_per_token": jnp.sum(elbo) / (b * c) / math.log(2)}
-    return loss, dict(metrics, **_moe_metrics(out["aux"]))
+    def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
+        out = self.pieces(params, batch, rng)
+        b, c = out["x0"].shape
+        canvas_loss_mask = jnp.ones((b, c), bool)  # every position of the selected canvas, EOS fill included
+        train, elbo = _diffusion_loss(
+            self.loss, self.process, out["logits"], out["x0"], out["xt"], out["t"], canvas_loss_mask
+        )
+        ar, _ = losses.autoregressive_cross_entropy(out["encoder_logits"], out["seq"], out["seq_mask"])
+        diffusion = jnp.mean(train)
+        loss = diffusion + self.encoder_ar_weight * jnp.mean(ar) + _aux_loss(out["aux"])
+        metrics = {
+            "loss": loss,
+            "diffusion_loss": diffusion,
+            "encoder_ar_loss": jnp.mean(ar),
+            "elbo_bits_per_token": jnp.sum(elbo) / (b * c) / math.log(2),
+        }
+        return loss, dict(metrics, **_moe_metrics(out["aux"]))
 
 
 @dataclasses.dataclass(frozen=True)
 class AutoregressiveObjective:
-  """Next-token cross-entropy with a causal pass: the baseline on the same backbone."""
+    """Next-token cross-entropy with a causal pass: the baseline on the same backbone."""
 
-  model: T.Transformer
+    model: T.Transformer
 
-  def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
-    del rng
-    tokens = batch["tokens"]
-    weights = batch.get("weights")
-    token_mask = jnp.ones(tokens.shape, bool) if weights is None else weights > 0
-    logits, aux = T.forward(self.model, params, tokens, token_mask=token_mask, causal=True)
-    per_example, count = losses.autoregressive_cross_entropy(logits, tokens, token_mask)
-    nats = jnp.sum(per_example * count) / jnp.maximum(jnp.sum(count), 1)
-    loss = jnp.mean(per_example) + _aux_loss(aux)
-    return loss, dict({"loss": loss, "ar_loss": nats, "nll_bits_per_token": nats / math.log(2)}, **_moe_metrics(aux))
+    def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
+        del rng
+        tokens = batch["tokens"]
+        weights = batch.get("weights")
+        token_mask = jnp.ones(tokens.shape, bool) if weights is None else weights > 0
+        logits, aux = T.forward(self.model, params, tokens, token_mask=token_mask, causal=True)
+        per_example, count = losses.autoregressive_cross_entropy(logits, tokens, token_mask)
+        nats = jnp.sum(per_example * count) / jnp.maximum(jnp.sum(count), 1)
+        loss = jnp.mean(per_example) + _aux_loss(aux)
+        return loss, dict(
+            {"loss": loss, "ar_loss": nats, "nll_bits_per_token": nats / math.log(2)}, **_moe_metrics(aux)
+        )
 
 
 def _aux_loss(aux: Metrics) -> Float[Array, ""]:
-  return aux.get("moe_load_balance_loss", 0.0) + aux.get("moe_router_z_loss", 0.0)
+    return aux.get("moe_load_balance_loss", 0.0) + aux.get("moe_router_z_loss", 0.0)
 
 
 def _moe_metrics(aux: Metrics) -> Metrics:
-  return {k: v for k, v in aux.items() if k.startswith("moe_")}
+    return {k: v for k, v in aux.items() if k.startswith("moe_")}

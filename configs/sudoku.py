@@ -16,7 +16,7 @@ from hackable_diffusion import recipes
 
 
 def get_config():
-    c = recipes.sudoku_config(steps=2400, batch_size=64)
+    c = recipes.sudoku_config(steps=1500, batch_size=64)
     c.optimizer.peak_lr = 1e-3
     c.optimizer.end_lr = 1e-4
     c.optimizer.warmup_steps = 100

@@ -12,9 +12,12 @@ canvas step reads the weights once for 256 tokens.
 The diffusion sampler is the reference one: canvas 256, entropy bound 0.1, annealed temperature 0.8 -> 0.4,
 stability AND entropy <= 0.005 early stopping, up to 48 steps. Random weights do not converge, so for random-weight
 models the step count is fixed (`--fixed_steps`, default 16: the 12–16 steps per canvas reported for the reference
-with early stopping; pass the mean steps per canvas your trained small model used) with early stopping off; the value
-is printed in every line. Measuring trained runs (and the generative perplexity of what each decoder wrote) is the
-next step of the Text issue; this script covers the speed side with random weights.
+with early stopping) with early stopping off; the value is printed in every line. With `--diffusion_workdir RUN
+--ar_workdir RUN` the trained small models are measured first (the diffusion run's own sampler with early stopping on,
+generative perplexity of both decoders' text under the AR run), and the large models then use the trained run's mean
+steps per canvas:
+
+  python experiments/throughput.py --diffusion_workdir runs/shakespeare_uniform --ar_workdir runs/shakespeare_ar
 """
 
 from __future__ import annotations
@@ -110,6 +113,105 @@ def measure(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
+def measure_trained(args, repeats: int) -> float:
+    """The trained small models: the diffusion run's own sampler (entropy bound, annealed temperature, early
+    stopping, its trained canvas length) vs AR decoding of the AR run (its own temperature); tokens/s side by side, and the
+    generative perplexity of both decoders' text under the AR run. Returns the diffusion run's mean steps/canvas."""
+    from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.data.tokenizers import BOS_ID
+
+    dif = exp_lib.from_workdir(args.diffusion_workdir)
+    ar = exp_lib.from_workdir(args.ar_workdir)
+    if dif.is_autoregressive or not ar.is_autoregressive:
+        raise SystemExit("--diffusion_workdir must be a diffusion run and --ar_workdir an autoregressive run.")
+    if dif.model.cfg.replace(self_conditioning=False) != ar.model.cfg.replace(self_conditioning=False):
+        print("warning: the two runs have different backbone shapes", flush=True)
+    dif_params, dif_step = exp_lib.load_params(dif, args.diffusion_workdir)
+    ar_params, ar_step = exp_lib.load_params(ar, args.ar_workdir)
+    sampler = exp_lib.build_sampler(dif.config, dif.process)
+    prompt = dif.config.sampler.prompt
+    ids = [BOS_ID] + ar.tokenizer.encode(prompt)
+    new_tokens = int(np.ceil(args.new_tokens / sampler.canvas_length) * sampler.canvas_length)
+    steps_seen = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        prompts = np.array([ids] * batch, np.int32)
+
+        def diffusion(key=0):
+            return gen_lib.generate(
+                dif.model, dif_params, prompts, sampler=sampler, key=key, max_new_tokens=new_tokens, stop_tokens=()
+            )
+
+        def autoregressive(key=0):
+            return gen_lib.generate_ar(
+                ar.model,
+                ar_params,
+                prompts,
+                key=key,
+                max_new_tokens=new_tokens,
+                sampling=gen_lib.ARSampling(temperature=float(ar.config.sampler.ar_temperature)),
+                stop_tokens=(),
+                forbidden_tokens=(0, 2, 3),
+            )
+
+        d_result, a_result = diffusion(), autoregressive()  # compile
+        d_times, a_times = [], []
+        for _ in range(repeats):
+            d_times.append(measure(diffusion, 1))
+            a_times.append(measure(autoregressive, 1))
+        d_s, a_s = float(np.median(d_times)), float(np.median(a_times))
+        steps = np.asarray(d_result.steps)
+        mean_steps = float(steps[steps > 0].mean())
+        steps_seen.append(mean_steps)
+        texts = {
+            "diffusion": [dif.tokenizer.decode(np.asarray(r)) for r in d_result.tokens],
+            "ar": [ar.tokenizer.decode(np.asarray(r)) for r in a_result.tokens],
+        }
+        gen = {
+            name: exp_lib.generative_perplexity(
+                ar, ar_params, [ids] * len(t), [ar.tokenizer.encode(x) for x in t], batch_size=max(batch, 1)
+            )
+            for name, t in texts.items()
+        }
+        new = batch * new_tokens
+        canvases = new_tokens // sampler.canvas_length
+        line = {
+            "benchmark": "throughput",
+            "model": "trained_small",
+            "diffusion_workdir": args.diffusion_workdir,
+            "ar_workdir": args.ar_workdir,
+            "checkpoint_steps": [dif_step, ar_step],
+            "params": count_params(dif.model.cfg)["total_params"],
+            "active_params": count_params(dif.model.cfg)["active_params_per_token"],
+            "weights": "trained",
+            "batch": batch,
+            "new_tokens": new_tokens,
+            "canvas": sampler.canvas_length,
+            "sampler": f"{dif.config.sampler.selection} {dif.config.sampler.selection_kwargs}, temperature "
+            f"{dif.config.sampler.max_temperature}->{dif.config.sampler.min_temperature}, early stopping "
+            f"{dif.config.sampler.early_stopping}, <= {sampler.num_steps} steps",
+            "steps_per_canvas": mean_steps,
+            "diffusion_tokens_per_s": new / d_s,
+            "ar_tokens_per_s": new / a_s,
+            "ratio": a_s / d_s,
+            "diffusion_forward_passes_per_token": d_result.forward_passes / new_tokens,
+            "ar_forward_passes_per_token": a_result.forward_passes / new_tokens,
+            "diffusion_wall_s_per_canvas": d_s / canvases,
+            "diffusion_gen_ppl": gen["diffusion"]["gen_ppl"],
+            "ar_gen_ppl": gen["ar"]["gen_ppl"],
+            "diffusion_unigram_entropy_bits": gen["diffusion"]["gen_unigram_entropy_bits"],
+            "ar_unigram_entropy_bits": gen["ar"]["gen_unigram_entropy_bits"],
+            "ar_temperature": float(ar.config.sampler.ar_temperature),
+            "diffusion_wall_s": d_s,
+            "ar_wall_s": a_s,
+        }
+        line.update(roofline(dif.model.cfg, batch, sampler.canvas_length, mean_steps, context=len(ids) + new_tokens))
+        print(json.dumps(line), flush=True)
+        if batch == 1:
+            print("diffusion sample: " + repr(prompt + texts["diffusion"][0][:300]), flush=True)
+            print("ar sample: " + repr(prompt + texts["ar"][0][:300]), flush=True)
+    return float(np.mean(steps_seen))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="one layer group per model, batch 1 and 8, 2 repeats")
@@ -119,10 +221,22 @@ def main():
     parser.add_argument("--fixed_steps", type=int, default=16)
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--diffusion_workdir", default="", help="a trained diffusion run (e.g. runs/shakespeare_uniform)"
+    )
+    parser.add_argument("--ar_workdir", default="", help="the trained AR run of the same shape (runs/shakespeare_ar)")
     args = parser.parse_args()
     repeats = 2 if args.quick else args.repeats
     shapes = model_shapes(args.quick)
-    for name in args.sizes.split(","):
+    fixed_steps_note = "fixed (random weights; early stopping off)"
+    if args.diffusion_workdir and args.ar_workdir:
+        mean_steps = measure_trained(args, repeats)
+        args.fixed_steps = max(1, int(round(mean_steps)))
+        fixed_steps_note = (
+            f"fixed to {args.fixed_steps}, the mean steps per canvas of the trained diffusion run "
+            f"({mean_steps:.2f}); random weights, early stopping off"
+        )
+    for name in [n for n in args.sizes.split(",") if n]:
         cfg = TransformerConfig.from_dict(shapes[name])
         model = T.Transformer(cfg)
         params = T.init_params(model, jax.random.key(0))
@@ -173,7 +287,7 @@ def main():
                 "new_tokens": args.new_tokens,
                 "canvas": args.canvas,
                 "steps_per_canvas": args.fixed_steps,
-                "steps_note": "fixed (random weights; early stopping off)",
+                "steps_note": fixed_steps_note,
                 "quick": args.quick,
                 "diffusion_tokens_per_s": new / d_s,
                 "ar_tokens_per_s": new / a_s,

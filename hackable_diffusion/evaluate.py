@@ -5,8 +5,10 @@
       [--sampler=num_steps=20 --sampler=selection=top_k_top_probability]
 
 `likelihood`: validation bits per token, bits per character (Shakespeare) or perplexity per word (PTB): the exact
-NLL for an autoregressive run, the ELBO bound (Monte-Carlo over noise levels, standard error printed) for a
-diffusion run; optionally a few samples. Prints one JSON line.
+NLL for an autoregressive run, the ELBO bound (Monte-Carlo over noise levels, standard error printed; `--repeats R`
+passes with fresh noise until the SE is small) for a diffusion run; optionally `--num_samples N` samples
+(`--sampler=KEY=VALUE` overrides) and, with `--scorer_workdir AR_RUN`, their generative perplexity under that
+autoregressive run. Prints one JSON line.
 
 `sudoku`: solves the puzzles of `--data` with the run's sampler (givens fixed) and prints DiffusionGemma's Sudoku
 metrics (`evals.sudoku_metrics`: overall, by givens >= 40 / 30-39 / < 30, and by the file's `level` column when it
@@ -33,22 +35,51 @@ def define_flags():
     flags.DEFINE_enum("task", "likelihood", ["likelihood", "sudoku"], "What to evaluate.")
     flags.DEFINE_string("data", None, "sudoku: a CSV file or generated:LO-HI:N:SEED.")
     flags.DEFINE_integer("limit", 0, "sudoku: first N puzzles only (0 = all).")
-    flags.DEFINE_multi_string("sampler", [], "sudoku: KEY=VALUE override of config.sampler (repeatable).")
+    flags.DEFINE_multi_string("sampler", [], "KEY=VALUE override of config.sampler (repeatable).")
     flags.DEFINE_integer("num_batches", 0, "Validation batches (0 = the whole split).")
     flags.DEFINE_integer("batch_size", 0, "Evaluation batch size (0 = config.eval.batch_size).")
     flags.DEFINE_integer("repeats", 1, "Monte-Carlo passes over the split (diffusion ELBO).")
     flags.DEFINE_integer("num_samples", 0, "Also generate and print this many samples.")
     flags.DEFINE_integer("seed", 0, "Seed for the noise levels and samples.")
+    flags.DEFINE_string(
+        "scorer_workdir", None, "likelihood: an autoregressive run that scores the samples (generative perplexity)."
+    )
+    flags.DEFINE_integer("max_new_tokens", 0, "likelihood: tokens per sample (0 = config.sampler.max_new_tokens).")
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, str]:
+    overrides = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--sampler={item!r} must be KEY=VALUE, e.g. --sampler=num_steps=20.")
+        key, value = item.split("=", 1)
+        overrides[key] = value
+    return overrides
 
 
 def likelihood(
-    workdir: str, *, num_batches: int = 0, batch_size: int = 0, repeats: int = 1, seed: int = 0, num_samples: int = 0
+    workdir: str,
+    *,
+    num_batches: int = 0,
+    batch_size: int = 0,
+    repeats: int = 1,
+    seed: int = 0,
+    num_samples: int = 0,
+    scorer_workdir: str | None = None,
+    max_new_tokens: int = 0,
+    sampler: list[str] | None = None,
 ) -> dict:
+    import dataclasses
+
     import numpy as np
 
     from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.data.tokenizers import BOS_ID
 
     exp = exp_lib.from_workdir(workdir)
+    overrides = parse_overrides(sampler)
+    if overrides:
+        exp = dataclasses.replace(exp, config=exp_lib.with_sampler_overrides(exp.config, overrides))
     params, step = exp_lib.load_params(exp, workdir)
     start = time.perf_counter()
     runs = [
@@ -74,9 +105,36 @@ def likelihood(
     out["eval_seconds"] = time.perf_counter() - start
     if num_samples:
         prompts = [exp.config.sampler.prompt] * num_samples
-        texts, result = exp_lib.sample_texts(exp, params, prompts, seed=seed)
+        start = time.perf_counter()
+        texts, result = exp_lib.sample_texts(exp, params, prompts, seed=seed, max_new_tokens=max_new_tokens or None)
+        seconds = time.perf_counter() - start
         out["samples"] = [p + t for p, t in zip(prompts, texts)]
         out["sample_forward_passes"] = result.forward_passes
+        out["sample_tokens"] = int(np.sum(result.lengths))
+        out["sample_seconds_incl_compile"] = seconds
+        if result.steps is not None:
+            used = np.asarray(result.steps)
+            out["mean_steps_per_canvas"] = float(used[used > 0].mean()) if (used > 0).any() else 0.0
+        if not exp.is_autoregressive:
+            out["sampler"] = {
+                k: exp.config.sampler[k]
+                for k in (
+                    "selection",
+                    "selection_kwargs",
+                    "num_steps",
+                    "min_temperature",
+                    "max_temperature",
+                    "early_stopping",
+                )
+            }
+        if scorer_workdir:
+            scorer = exp_lib.from_workdir(scorer_workdir)
+            scorer_params, _ = exp_lib.load_params(scorer, scorer_workdir)
+            # Re-encode the text with the scorer's tokenizer: the two runs need not share token ids.
+            prompt_ids = [[BOS_ID] + scorer.tokenizer.encode(p) for p in prompts]
+            cont_ids = [scorer.tokenizer.encode(t) for t in texts]
+            out["scorer_workdir"] = scorer_workdir
+            out.update(exp_lib.generative_perplexity(scorer, scorer_params, prompt_ids, cont_ids))
     return out
 
 
@@ -149,12 +207,7 @@ def sudoku(
 ) -> dict:
     from hackable_diffusion import experiment as exp_lib
 
-    overrides = {}
-    for item in sampler or []:
-        if "=" not in item:
-            raise ValueError(f"--sampler={item!r} must be KEY=VALUE, e.g. --sampler=num_steps=20.")
-        key, value = item.split("=", 1)
-        overrides[key] = value
+    overrides = parse_overrides(sampler)
     exp = exp_lib.from_workdir(workdir)
     if exp.config.data.task != "sudoku":
         raise ValueError(f"{workdir} is a {exp.config.data.task!r} run; --task sudoku needs a Sudoku run.")
@@ -207,14 +260,21 @@ def main(argv):
             sys.exit(2)
         print(json.dumps(result))
         return
-    result = likelihood(
-        FLAGS.workdir,
-        num_batches=FLAGS.num_batches,
-        batch_size=FLAGS.batch_size,
-        repeats=FLAGS.repeats,
-        seed=FLAGS.seed,
-        num_samples=FLAGS.num_samples,
-    )
+    try:
+        result = likelihood(
+            FLAGS.workdir,
+            num_batches=FLAGS.num_batches,
+            batch_size=FLAGS.batch_size,
+            repeats=FLAGS.repeats,
+            seed=FLAGS.seed,
+            num_samples=FLAGS.num_samples,
+            scorer_workdir=FLAGS.scorer_workdir,
+            max_new_tokens=FLAGS.max_new_tokens,
+            sampler=FLAGS.sampler,
+        )
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps(result))
 
 

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import math
 import pathlib
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,7 @@ from jaxtyping import Bool, Int
 from hackable_diffusion.data import sudoku as sudoku_lib
 from hackable_diffusion.data import text as text_lib
 from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, MASK_ID, Tokenizer
+from hackable_diffusion.diffusion import losses
 from hackable_diffusion.diffusion import objectives as obj_lib
 from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import TIME_SAMPLERS, make_schedule
@@ -154,6 +155,70 @@ def make_sudoku_train_iterator(
     return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
 
 
+SUDOKU_FORMATS = {"pretrain": "in_place", "sft": "canvas", "ar": "ar"}
+
+
+def sudoku_format(config: ml_collections.ConfigDict) -> str:
+    """How a Sudoku run lays out a puzzle, from `config.diffusion.objective`:
+
+    in_place (`pretrain`): one bidirectional canvas of 81 cells, givens fixed, blanks noised (Ye et al.; Kim et al.).
+    canvas (`sft`): DiffusionGemma's layout, the puzzle (blanks as MASK) is a causal prompt of 81 tokens and the
+      solution is one canvas of 81 denoised against the prompt's KV cache.
+    ar (`ar`): the same [puzzle; solution] sequence, causal, the solution's cells predicted left to right.
+    """
+    objective = "ar" if config.diffusion.process == "none" else config.diffusion.objective
+    if objective not in SUDOKU_FORMATS:
+        raise ValueError(
+            f"config.diffusion.objective={objective!r} must be one of {sorted(SUDOKU_FORMATS)} for Sudoku."
+        )
+    return SUDOKU_FORMATS[objective]
+
+
+def sudoku_prompt(tokens: Int[Array, "b 81"], fixed: Bool[Array, "b 81"]) -> Int[Array, "b 81"]:
+    """The puzzle as a prompt: the givens' tokens, MASK at the blanks."""
+    return jnp.where(fixed, tokens, MASK_ID).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class SudokuCanvasObjective:
+    """`CanvasSFTObjective` on Sudoku rows: prompt = the puzzle, one canvas = the solution (givens included, so the
+    decoder learns to copy them from the prompt)."""
+
+    inner: obj_lib.CanvasSFTObjective
+
+    def __call__(self, params, batch: dict[str, Array], rng: jax.Array):
+        tokens, fixed = batch["tokens"], batch["fixed"]
+        b, n = tokens.shape
+        sft_batch = {
+            "prompt": sudoku_prompt(tokens, fixed),
+            "prompt_mask": jnp.ones((b, n), bool),
+            "canvas": tokens,
+            "canvas_id": jnp.zeros((b, n), jnp.int32),
+            "canvas_mask": jnp.ones((b, n), bool),
+            "num_canvases": jnp.ones((b,), jnp.int32),
+        }
+        return self.inner(params, sft_batch, rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class SudokuAutoregressiveObjective:
+    """Causal next-token loss over [puzzle; solution], counted on the 81 solution cells only."""
+
+    model: T.Transformer
+
+    def __call__(self, params, batch: dict[str, Array], rng: jax.Array):
+        del rng
+        tokens, fixed = batch["tokens"], batch["fixed"]
+        b, n = tokens.shape
+        seq = jnp.concatenate([sudoku_prompt(tokens, fixed), tokens], axis=1)
+        logits, aux = T.forward(self.model, params, seq, causal=True)
+        targets = jnp.concatenate([jnp.zeros((b, n), bool), jnp.ones((b, n), bool)], axis=1)
+        per_example, _ = losses.autoregressive_cross_entropy(logits, seq, targets)
+        nats = jnp.mean(per_example)
+        loss = nats + obj_lib._aux_loss(aux)
+        return loss, {"loss": loss, "ar_loss": nats, "nll_bits_per_token": nats / math.log(2)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     config: ml_collections.ConfigDict
@@ -219,23 +284,34 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     if config.data.task not in ("text", "sudoku"):
         raise ValueError(f"config.data.task={config.data.task!r} must be 'text' or 'sudoku'.")
     if config.data.task == "sudoku":
-        if config.diffusion.process != "masking" or config.diffusion.objective != "pretrain":
+        layout = sudoku_format(config)
+        if layout == "in_place" and config.diffusion.process != "masking":
             raise ValueError(
-                "Sudoku in place needs config.diffusion.process='masking' and objective='pretrain' "
-                f"(got {config.diffusion.process!r}, {config.diffusion.objective!r})."
+                "Sudoku in place (objective='pretrain') needs config.diffusion.process='masking' (givens are fixed "
+                f"tokens, blanks start masked); got {config.diffusion.process!r}. For a uniform process use the "
+                "canvas layout: config.diffusion.objective='sft' (configs/sudoku_canvas.py)."
             )
-        if config.diffusion.canvas_len:
+        if layout == "in_place" and config.diffusion.canvas_len:
             raise ValueError("Sudoku in place is one canvas of 81 cells: set config.diffusion.canvas_len=0.")
+        if layout == "canvas" and config.diffusion.canvas_len != 81:
+            raise ValueError(
+                "The Sudoku canvas layout denoises the solution as one canvas: set config.diffusion.canvas_len=81."
+            )
         data = build_sudoku_data(config)
     else:
         data = build_text_data(config, workdir)
     model = build_model(config, data.tokenizer.vocab_size)
     process = build_process(config, data.tokenizer.vocab_size)
+    objective = build_objective(config, model, process)
+    if config.data.task == "sudoku" and sudoku_format(config) == "canvas":
+        objective = SudokuCanvasObjective(objective)
+    elif config.data.task == "sudoku" and sudoku_format(config) == "ar":
+        objective = SudokuAutoregressiveObjective(model)
     return Experiment(
         config=config,
         model=model,
         process=process,
-        objective=build_objective(config, model, process),
+        objective=objective,
         tokenizer=data.tokenizer,
         data=data,
     )
@@ -288,6 +364,64 @@ def sample_texts(
         )
     texts = [exp.tokenizer.decode(np.asarray(row)) for row in result.tokens]
     return texts, result
+
+
+def generative_perplexity(
+    scorer: Experiment,
+    params,
+    prompts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 16,
+) -> dict[str, float]:
+    """Generative perplexity: the NLL of generated `continuations` under an autoregressive `scorer` run, conditioned
+    on their `prompts` (token ids of the scorer's tokenizer, BOS included in the prompt), counted on the
+    continuation tokens only (up to and including the first EOS). Returns nats/bits per token, the perplexity and the
+    unigram entropy of the continuations (a collapsed, repetitive sampler scores a low perplexity *and* a low
+    entropy)."""
+    if not scorer.is_autoregressive:
+        raise ValueError("generative_perplexity needs an autoregressive scorer run (config.diffusion.process='none').")
+    if len(prompts) != len(continuations) or not prompts:
+        raise ValueError(f"need as many prompts as continuations (>= 1), got {len(prompts)} and {len(continuations)}.")
+    rows, targets = [], []
+    for prompt, cont in zip(prompts, continuations):
+        cont = list(cont)
+        if EOS_ID in cont:
+            cont = cont[: cont.index(EOS_ID) + 1]
+        rows.append(list(prompt) + cont)
+        targets.append([False] * len(prompt) + [True] * len(cont))
+    width = max(len(r) for r in rows)
+    tokens = np.zeros((len(rows), width), np.int32)
+    target = np.zeros((len(rows), width), bool)
+    for i, (row, tgt) in enumerate(zip(rows, targets)):
+        tokens[i, : len(row)], target[i, : len(row)] = row, tgt
+
+    @jax.jit
+    def score(p, tok, tgt):
+        logits, _ = T.forward(scorer.model, p, tok, token_mask=tok != 0, causal=True)
+        per_example, count = losses.autoregressive_cross_entropy(logits, tok, tgt)
+        return per_example * count, count
+
+    nats, count = 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        tok, tgt = tokens[start : start + batch_size], target[start : start + batch_size]
+        pad = batch_size - len(tok)
+        if pad:  # one compiled shape: pad with empty rows (no targets)
+            tok = np.concatenate([tok, np.zeros((pad, width), np.int32)])
+            tgt = np.concatenate([tgt, np.zeros((pad, width), bool)])
+        total, n = score(params, jnp.asarray(tok), jnp.asarray(tgt))
+        nats += float(np.sum(total))
+        count += int(np.sum(n))
+    counts = np.bincount(tokens[target], minlength=scorer.tokenizer.vocab_size).astype(float)
+    probs = counts[counts > 0] / counts.sum()
+    per_token = nats / max(count, 1)
+    return {
+        "gen_nats_per_token": per_token,
+        "gen_bits_per_token": per_token / math.log(2),
+        "gen_ppl": float(math.exp(per_token)),
+        "gen_tokens": count,
+        "gen_unigram_entropy_bits": float(-(probs * np.log2(probs)).sum()),
+    }
 
 
 def flops_per_token(model: T.Transformer, seq_len: int) -> float:
@@ -455,39 +589,70 @@ def solve_sudoku(
     """
     import time
 
-    if exp.is_autoregressive or not isinstance(exp.tokenizer, SudokuVocab):
-        raise ValueError("solve_sudoku needs a Sudoku diffusion experiment (config.data.task='sudoku').")
+    if not isinstance(exp.tokenizer, SudokuVocab):
+        raise ValueError("solve_sudoku needs a Sudoku experiment (config.data.task='sudoku').")
     puzzles = np.asarray(puzzles)
     if puzzles.ndim != 2 or puzzles.shape[1] != 81 or len(puzzles) == 0:
         raise ValueError(f"puzzles must be a non-empty (n, 81) array, got shape {puzzles.shape}.")
+    layout = sudoku_format(exp.config)
     config = with_sampler_overrides(exp.config, sampler_overrides or {})
-    sampler = build_sampler(config, exp.process, canvas_length=81, forbidden_tokens=SUDOKU_FORBIDDEN)
     vocab = exp.tokenizer
     n = len(puzzles)
     b = max(1, min(int(batch_size), n))
     all_keys = row_keys(jax.random.key(seed), n + b)
-    cache = init_cache(exp.model.cfg, b, 1)  # no prefix: every cache slot is invalid, the canvas attends to itself
+    if layout == "ar":
+        sampling = gen_lib.ARSampling(temperature=float(config.sampler.ar_temperature))
+    else:
+        sampler = build_sampler(config, exp.process, canvas_length=81, forbidden_tokens=SUDOKU_FORBIDDEN)
+    empty_cache = init_cache(exp.model.cfg, b, 1)  # in place: no prefix, every slot invalid
 
     def run(start: int):
         chunk = puzzles[start : start + b]
         real = len(chunk)
         padded = np.concatenate([chunk, np.repeat(chunk[-1:], b - real, axis=0)]) if real < b else chunk
         fixed = jnp.asarray(padded != 0)
+        tokens = jnp.asarray(vocab.encode(padded))  # givens as digits, blanks as MASK: the prompt, too
         keys = all_keys[start : start + b]
-        canvas = sampler.initial_canvas(keys, b, fixed=fixed, fixed_tokens=jnp.asarray(vocab.encode(padded)))
         active = jnp.asarray(np.arange(b) < real)
-        result = denoise_canvas(exp.model, params, cache, canvas, keys, sampler=sampler, fixed=fixed, active=active)
-        jax.block_until_ready(result.canvas)
-        return result, real
+        if layout == "ar":  # prefill the puzzle, then 81 cached decode steps
+            out = gen_lib.generate_ar(
+                exp.model,
+                params,
+                tokens,
+                key=keys,
+                max_new_tokens=81,
+                sampling=sampling,
+                stop_tokens=(),
+                forbidden_tokens=SUDOKU_FORBIDDEN,
+            )
+            return out.tokens, np.full((b,), out.forward_passes), out.forward_passes, real
+        if layout == "canvas":  # prefill the puzzle, then one canvas with the givens held (infilling)
+            out = gen_lib.generate(
+                exp.model,
+                params,
+                tokens,
+                sampler=sampler,
+                key=keys,
+                max_new_tokens=81,
+                stop_tokens=(),
+                fixed=fixed if config.sampler.get("fix_givens", True) else None,
+                fixed_tokens=tokens,
+            )
+            return out.tokens, out.steps[:, 0] + 1, out.forward_passes, real  # + 1: the prompt's prefill
+        canvas = sampler.initial_canvas(keys, b, fixed=fixed, fixed_tokens=tokens)
+        result = denoise_canvas(
+            exp.model, params, empty_cache, canvas, keys, sampler=sampler, fixed=fixed, active=active
+        )
+        return result.canvas, result.steps, result.forward_passes, real
 
     run(0)  # compile (and warm up) outside the timed loop
     preds, steps, passes = [], [], 0
     start_time = time.perf_counter()
     for start in range(0, n, b):
-        result, real = run(start)
-        preds.append(vocab.decode(np.asarray(result.canvas)[:real]))
-        steps.append(np.asarray(result.steps)[:real])
-        passes += int(result.forward_passes)
+        grids, used, forward_passes, real = run(start)
+        preds.append(vocab.decode(np.asarray(grids)[:real]))
+        steps.append(np.asarray(used)[:real])
+        passes += int(forward_passes)
     seconds = time.perf_counter() - start_time
     return SudokuSolution(np.concatenate(preds), np.concatenate(steps), seconds, passes)
 
@@ -522,8 +687,11 @@ def evaluate_sudoku(
 def evaluate_sudoku_elbo(
     exp: Experiment, params, *, num_batches: int | None = None, seed: int = 0, batch_size: int | None = None
 ) -> dict[str, float]:
-    """The masking ELBO over the blanks of the held-out set, in bits per blank cell."""
+    """The held-out loss bound in bits per blank cell: the masking ELBO over the blanks (in place); the canvas ELBO
+    (canvas) or the exact NLL (AR) of all 81 solution cells, divided by the number of blanks."""
     batch_size = batch_size or exp.config.eval.batch_size
+    layout = sudoku_format(exp.config)
+    key = "nll_bits_per_token" if layout == "ar" else "elbo_bits_per_token"
     tokens = exp.tokenizer.encode(exp.data.eval_solutions)
     fixed = exp.data.eval_puzzles != 0
     fn = jax.jit(exp.objective)
@@ -534,6 +702,7 @@ def evaluate_sudoku_elbo(
         batch = {"tokens": jnp.asarray(tokens[rows]), "fixed": jnp.asarray(fixed[rows])}
         _, metrics = fn(params, batch, jax.random.key(seed * 100003 + i))
         blanks = int((~fixed[start : start + batch_size]).sum())
-        bits += float(metrics["elbo_bits_per_token"]) * blanks
+        counted = blanks if layout == "in_place" else fixed[start : start + batch_size].size
+        bits += float(metrics[key]) * counted
         count += blanks
     return {"elbo_bits_per_blank": bits / max(count, 1), "eval_blanks": count}

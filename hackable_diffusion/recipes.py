@@ -135,7 +135,7 @@ def text_config(
     return c
 
 
-def sudoku_model(vocab_size: int = 13) -> dict[str, Any]:
+def sudoku_model(vocab_size: int = 13, grid_embeddings: int = 9) -> dict[str, Any]:
     """About 4.8M parameters, bidirectional, every layer global (81 cells need no sliding window), dense FFN.
 
     Derived from the 26B-A4B dictionary (qk-norm, softcap, gated-GELU FFN); full RoPE on the global layers (the
@@ -160,6 +160,7 @@ def sudoku_model(vocab_size: int = 13) -> dict[str, Any]:
         moe=None,
         param_dtype="float32",
         compute_dtype="float32",
+        grid_embeddings=grid_embeddings,
     )
 
 
@@ -170,9 +171,20 @@ def sudoku_config(
     batch_size: int = 64,
     num_train: int = 200_000,
     givens: tuple[int, int] = (24, 50),
+    layout: str = "in_place",
+    process: str = "masking",
 ) -> ml_collections.ConfigDict:
-    """Masking diffusion over the 81 cells in place (Ye et al. 2024; Kim et al. 2025): givens fixed, blanks noised,
-    one bidirectional pass per step; trained on generated unique puzzles (`data.sudoku.generate_dataset`, cached)."""
+    """Sudoku on generated unique puzzles (`data.sudoku.generate_dataset`, cached), in one of three layouts
+    (`experiment.sudoku_format`):
+
+    in_place: masking diffusion over the 81 cells (Ye et al. 2024; Kim et al. 2025), givens fixed, blanks noised, one
+      bidirectional pass per step.
+    canvas: DiffusionGemma's formulation, the puzzle as a causal prompt and the solution as one 81-cell canvas
+      (`process` "uniform" or "masking"; canvas CE / ELBO plus the encoder's AR loss).
+    ar: the same backbone causal over [puzzle; solution], cells left to right (greedy decoding, 81 cached steps).
+    """
+    if layout not in ("in_place", "canvas", "ar"):
+        raise ValueError(f"layout={layout!r} must be 'in_place', 'canvas' or 'ar'.")
     c = base_config()
     c.model = ml_collections.ConfigDict(model or sudoku_model())
     c.data.task = "sudoku"
@@ -186,11 +198,11 @@ def sudoku_config(
     c.data.unique = True
     c.data.generator_seed = 0
     c.data.cache_dir = ""  # "" = $HACKABLE_DIFFUSION_CACHE or ~/.cache/hackable_diffusion
-    c.diffusion.process = "masking"
-    c.diffusion.objective = "pretrain"
-    c.diffusion.canvas_len = 0
-    c.diffusion.loss = "elbo"
-    c.diffusion.excluded_ids = ()
+    c.diffusion.process = {"in_place": "masking", "canvas": process, "ar": "none"}[layout]
+    c.diffusion.objective = {"in_place": "pretrain", "canvas": "sft", "ar": "ar"}[layout]
+    c.diffusion.canvas_len = 81 if layout == "canvas" else 0
+    c.diffusion.loss = "canvas_ce" if (layout == "canvas" and process == "uniform") else "elbo"
+    c.diffusion.excluded_ids = (0, 1, 2, 3) if process == "uniform" else ()  # uniform noise over the 9 digits
     c.train.num_steps = steps
     c.eval.num_batches = 2
     c.eval.batch_size = 64
@@ -204,20 +216,26 @@ def sudoku_config(
     c.sampler.min_temperature = 0.1
     c.sampler.max_temperature = 0.1
     c.sampler.prompt = ""
+    c.sampler.fix_givens = True  # canvas layout: hold the givens in the canvas too (infilling)
+    c.sampler.ar_temperature = 0.0  # AR layout: greedy
+    if layout == "canvas" and process == "uniform":
+        c.sampler.selection = "entropy_bound"  # DiffusionGemma's sampler for the uniform process
+        c.sampler.selection_kwargs = '{"gamma": 0.1}'
     return c
 
 
 def text_experiment(corpus: str, process: str, *, moe: bool = False) -> ml_collections.ConfigDict:
-    """The text comparison (configs/{shakespeare,ptb}_{uniform,masking,ar}[_moe].py): the ~19M-active-parameter
-    `presets.small` backbone, dense or MoE with equal active parameters, 3000 steps of 16 x 256 tokens, canvases of 64.
-    Only the process and objective differ between the three models of a corpus, so they see the same tokens."""
-    c = text_config(
-        corpus, process, model=presets.small(moe=moe), steps=3000, seq_len=256, batch_size=16, canvas_len=64
-    )
-    c.optimizer.peak_lr = 1e-3
-    c.optimizer.end_lr = 1e-4
-    c.optimizer.warmup_steps = 200
-    c.train.eval_every = 500
-    c.train.checkpoint_every = 500
+    """The text comparison (configs/{shakespeare,ptb}_{uniform,masking,ar}[_moe].py): the ~5M-active-parameter
+    `presets.mini` backbone, dense or MoE with equal active parameters, 800 steps of 8 x 256 tokens (1.64M tokens),
+    canvases of 64. Only the process and objective differ between the three models of a corpus, so they see the same
+    tokens; the diffusion objectives cost 2 (masking: encoder + decoder) or 3 (uniform: + self-conditioning) passes
+    per token, so they take 2-3x the AR model's wall time."""
+    c = text_config(corpus, process, model=presets.mini(moe=moe), steps=800, seq_len=256, batch_size=8, canvas_len=64)
+    c.optimizer.peak_lr = 2e-3
+    c.optimizer.end_lr = 2e-4
+    c.optimizer.warmup_steps = 80
+    c.train.log_every = 25
+    c.train.eval_every = 200
+    c.train.checkpoint_every = 200
     c.sampler.num_steps = 64
     return c

@@ -103,6 +103,9 @@ class TransformerConfig:
     self_conditioning: bool = (
         False  # DiffusionGemma's self_conditioner on canvas embeddings (models/self_conditioning.py)
     )
+    # n > 0: tokens lie on an n x n grid with sqrt(n) x sqrt(n) boxes (Sudoku: 9); cell = position mod n^2 and learned
+    # row, column and box embeddings are added to the input (layers.GridEmbedding). 0: none (text).
+    grid_embeddings: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "layer_pattern", tuple(self.layer_pattern))
@@ -136,6 +139,12 @@ class TransformerConfig:
         for name in ("head_dim", "global_attn_head_dim"):
             if getattr(self, name) % 2:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be even for half-split RoPE.")
+        if self.grid_embeddings < 0 or (
+            self.grid_embeddings and round(self.grid_embeddings**0.5) ** 2 != self.grid_embeddings
+        ):
+            raise ValueError(
+                f"grid_embeddings must be 0 or a square grid side (4, 9, 16, ...), got {self.grid_embeddings}."
+            )
         if self.remat not in ("none", "full", "dots"):
             raise ValueError(f"model.remat={self.remat!r} must be 'none', 'full' or 'dots'.")
         resolve_dtype(self.param_dtype)

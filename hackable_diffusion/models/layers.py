@@ -64,6 +64,32 @@ class RMSNorm(nn.Module):
         return (y.astype(jnp.float32) * scale.astype(jnp.float32)).astype(x.dtype)
 
 
+class GridEmbedding(nn.Module):
+    """Learned row, column and box embeddings of cells on an n x n grid (cell = position mod n^2).
+
+    Not in DiffusionGemma: a puzzle-structure prior for Sudoku. RoPE only tells a layer the offset between two cells,
+    and whether two cells share a row, column or box depends on where they are, not only on their offset.
+    """
+
+    side: int
+    embed_dim: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, positions: Int[Array, "*b"]) -> Float[Array, "*b d"]:
+        n, box = self.side, round(self.side**0.5)
+        cell = jnp.mod(positions, n * n)
+        row, col = cell // n, cell % n
+        index = {"row": row, "column": col, "box": (row // box) * box + col // box}
+        init = nn.initializers.normal(stddev=3**-0.5)  # the sum has unit variance, like sqrt(d)-scaled tokens
+        out = 0.0
+        for name, idx in index.items():
+            table = self.param(name, init, (n, self.embed_dim), self.param_dtype)
+            out = out + jnp.take(table, idx, axis=0).astype(self.dtype)
+        return out
+
+
 class Embedder(nn.Module):
     """Token embedding scaled by sqrt(d), tied output head, and the expected embedding of a distribution."""
 

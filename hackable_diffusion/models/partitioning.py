@@ -27,6 +27,9 @@ _RULES: dict[tuple[str, ...], tuple[str | None, ...]] = {
     ("linear",): ("mlp", "embed"),
     ("scale",): (None,),  # every RMSNorm
     ("skip_scale",): (None,),
+    ("grid_embedding", "row"): (None, "embed"),
+    ("grid_embedding", "column"): (None, "embed"),
+    ("grid_embedding", "box"): (None, "embed"),
 }
 
 

@@ -88,6 +88,27 @@ def small(vocab_size: int = 128, moe: bool = False) -> dict[str, Any]:
     )
 
 
+def mini(vocab_size: int = 128, moe: bool = False) -> dict[str, Any]:
+    """About 5M parameters (dense) for the text comparisons that must train three models on a 2-core CPU; the MoE
+    variant has equal active parameters. Dense: FFN hidden 1024. MoE: dense FFN 512 plus 8 experts top-2 of 256."""
+    return derived(
+        vocab_size=vocab_size,
+        embed_dim=256,
+        num_layers=6,
+        num_heads=4,
+        head_dim=64,
+        num_kv_heads=2,
+        ffw_hidden=512 if moe else 1024,
+        layer_pattern=("local", "local", "global"),
+        sliding_window=256,
+        global_head_dim=64,
+        global_num_kv_heads=2,
+        moe=dict(num_experts=8, top_k=2, hidden_dim=256, dispatch="sorted", capacity_factor=1.25) if moe else None,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
+
+
 def quickstart(vocab_size: int = 128) -> dict[str, Any]:
     """About 1M parameters with every feature on (MoE, K=V globals, partial RoPE): trains in minutes on a CPU."""
     return derived(

@@ -1,0 +1,288 @@
+"""The Sudoku sampler table: which unmasking order solves puzzles, at which step budget (Kim et al. 2025's ordering).
+
+  python experiments/sudoku_samplers.py --workdir runs/sudoku --ar_workdir runs/sudoku_ar \
+      [--num 1000] [--kaggle ../shared/data/sudoku/kaggle3m_curated_5000.csv] [--out results/sudoku]
+
+For the trained in-place model (configs/sudoku.py) it solves
+  (a) `--num` held-out generated puzzles with 30-36 givens (generator seed 7, unique solutions),
+  (b) `--num` held-out generated puzzles with 24-29 givens (seed 8),
+with vanilla ancestral sampling, top-probability, top-probability margin and entropy ordering at several step budgets,
+the entropy bound (gamma sweep) and the confidence threshold (tau sweep), plus the AR model (configs/sudoku_ar.py,
+81 greedy cached decode steps after the puzzle's prefill). The shared Kaggle file (c) is solved by every diffusion
+setting at the 12-step budget and by the AR model, split by its `level` column (`--kaggle_limit` for a subset).
+Generated puzzles that the training set holds are dropped (the count is recorded). Speed: puzzles per second of the
+best diffusion setting with <= 12 passes on (a) vs the AR model, at batch 1 and batch 100, measured side by side.
+
+Writes results/sudoku/samplers.{json,md,png}: one row per setting with exact-grid accuracy, blank accuracy and mean
+forward passes per puzzle on each set; the plot is accuracy against forward passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import numpy as np
+
+SETTINGS = [  # (label, selection, selection_kwargs, step budget)
+    ("ancestral", "ancestral", "", 12),
+    ("ancestral", "ancestral", "", 24),
+    ("ancestral", "ancestral", "", 48),
+    ("top-probability", "top_k_top_probability", "", 12),
+    ("top-probability", "top_k_top_probability", "", 24),
+    ("top-prob. margin", "top_k_margin", "", 6),
+    ("top-prob. margin", "top_k_margin", "", 12),
+    ("top-prob. margin", "top_k_margin", "", 24),
+    ("entropy", "top_k_entropy", "", 12),
+    ("entropy", "top_k_entropy", "", 24),
+    ("entropy bound g=0.01", "entropy_bound", '{"gamma": 0.01}', 24),
+    ("entropy bound g=0.1", "entropy_bound", '{"gamma": 0.1}', 24),
+    ("entropy bound g=1", "entropy_bound", '{"gamma": 1.0}', 24),
+    ("threshold t=0.9", "threshold", '{"tau": 0.9}', 24),
+    ("threshold t=0.5", "threshold", '{"tau": 0.5}', 24),
+]
+
+
+def load_set(spec: str, train_seed: int, config) -> dict:
+    from hackable_diffusion.evaluate import _training_puzzle_overlap, load_sudoku_puzzles
+
+    data = load_sudoku_puzzles(spec, train_seed=train_seed)
+    seen = _training_puzzle_overlap(config, data["puzzles"])
+    dropped = 0
+    if seen is not None and seen.any():
+        dropped = int(seen.sum())
+        data = {k: v[~seen] for k, v in data.items()}
+    data["dropped_as_in_training"] = dropped
+    return data
+
+
+def score(exp, params, data, overrides, batch_size=250) -> dict:
+    from hackable_diffusion import experiment as exp_lib
+
+    out = exp_lib.evaluate_sudoku(
+        exp,
+        params,
+        data["puzzles"],
+        data["solutions"],
+        levels=data.get("level"),
+        batch_size=batch_size,
+        sampler_overrides=overrides,
+    )
+    keep = ("accuracy", "blank_accuracy", "cell_accuracy", "forward_passes_per_puzzle", "puzzles_per_second")
+    row = {k: out[k] for k in keep}
+    row.update({k: v for k, v in out.items() if k.startswith("accuracy_level_")})
+    row.update({k: out[k] for k in ("accuracy_easy", "accuracy_medium", "accuracy_hard") if k in out})
+    return row
+
+
+def speed(exp, params, puzzles, overrides, batch: int, count: int) -> float:
+    from hackable_diffusion import experiment as exp_lib
+
+    solution = exp_lib.solve_sudoku(exp, params, puzzles[:count], batch_size=batch, sampler_overrides=overrides)
+    return len(puzzles[:count]) / solution.seconds
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workdir", default="runs/sudoku")
+    parser.add_argument("--ar_workdir", default="runs/sudoku_ar")
+    parser.add_argument("--num", type=int, default=1000)
+    parser.add_argument("--kaggle", default="../shared/data/sudoku/kaggle3m_curated_5000.csv")
+    parser.add_argument("--kaggle_limit", type=int, default=0)
+    parser.add_argument("--out", default="results/sudoku")
+    parser.add_argument("--settings", default="", help="comma-separated indices into SETTINGS (default: all)")
+    args = parser.parse_args()
+
+    from hackable_diffusion import cli
+    from hackable_diffusion import experiment as exp_lib
+
+    cli.quiet_library_logs()
+    exp = exp_lib.from_workdir(args.workdir)
+    params, step = exp_lib.load_params(exp, args.workdir)
+    seed = int(exp.config.data.generator_seed)
+    sets = {
+        "a_30_36": load_set(f"generated:30-36:{args.num}:7", seed, exp.config),
+        "b_24_29": load_set(f"generated:24-29:{args.num}:8", seed, exp.config),
+    }
+    kaggle = None
+    if args.kaggle and pathlib.Path(args.kaggle).exists():
+        kaggle = load_set(args.kaggle, seed, exp.config)
+        if args.kaggle_limit:
+            kaggle = {k: (v[: args.kaggle_limit] if isinstance(v, np.ndarray) else v) for k, v in kaggle.items()}
+    chosen = [SETTINGS[int(i)] for i in args.settings.split(",")] if args.settings else SETTINGS
+    rows = []
+    for label, selection, kwargs, steps in chosen:
+        overrides = {"selection": selection, "selection_kwargs": kwargs, "num_steps": steps}
+        row = {
+            "model": "diffusion (in place)",
+            "sampler": label,
+            "selection": selection,
+            "kwargs": kwargs,
+            "max_steps": steps,
+        }
+        start = time.perf_counter()
+        for name, data in sets.items():
+            row[name] = score(exp, params, data, overrides)
+        if kaggle is not None and (steps == 12 or selection in ("entropy_bound", "threshold")):
+            row["kaggle"] = score(exp, params, kaggle, overrides)
+        row["seconds"] = time.perf_counter() - start
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+
+    ar_row, ar = None, None
+    if args.ar_workdir and pathlib.Path(args.ar_workdir).exists():
+        ar = exp_lib.from_workdir(args.ar_workdir)
+        ar_params, ar_step = exp_lib.load_params(ar, args.ar_workdir)
+        ar_row = {
+            "model": "autoregressive",
+            "sampler": "greedy, left to right",
+            "selection": "ar",
+            "kwargs": "",
+            "max_steps": 81,
+            "checkpoint_step": ar_step,
+        }
+        for name, data in sets.items():
+            ar_row[name] = score(ar, ar_params, data, {})
+        if kaggle is not None:
+            ar_row["kaggle"] = score(ar, ar_params, kaggle, {})
+        print(json.dumps(ar_row), flush=True)
+
+    # Speed: the best <= 12-pass diffusion setting on (a) vs AR, side by side (interleaved), batch 1 and 100.
+    cheap = [r for r in rows if r["a_30_36"]["forward_passes_per_puzzle"] <= 12.0]
+    best = max(cheap or rows, key=lambda r: (r["a_30_36"]["accuracy"], r["b_24_29"]["accuracy"]))
+    best_overrides = {
+        "selection": best["selection"],
+        "selection_kwargs": best["kwargs"],
+        "num_steps": best["max_steps"],
+    }
+    speeds = []
+    if ar is not None:
+        puzzles = sets["a_30_36"]["puzzles"]
+        for batch, count in ((1, 20), (100, 300)):
+            d, a = [], []
+            for _ in range(2):
+                d.append(speed(exp, params, puzzles, best_overrides, batch, count))
+                a.append(speed(ar, ar_params, puzzles, {}, batch, count))
+            line = {
+                "batch": batch,
+                "puzzles": count,
+                "diffusion_sampler": f"{best['sampler']} <= {best['max_steps']}",
+                "diffusion_puzzles_per_s": float(np.median(d)),
+                "ar_puzzles_per_s": float(np.median(a)),
+            }
+            line["ratio"] = line["diffusion_puzzles_per_s"] / line["ar_puzzles_per_s"]
+            print(json.dumps(line), flush=True)
+            speeds.append(line)
+
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "command": "python experiments/sudoku_samplers.py "
+        + " ".join(f"--{k}={v}" for k, v in vars(args).items() if v not in ("", 0, None)),
+        "workdir": args.workdir,
+        "checkpoint_step": step,
+        "sets": {
+            name: {
+                "spec": spec,
+                "puzzles": int(len(d["puzzles"])),
+                "dropped_as_in_training": d["dropped_as_in_training"],
+            }
+            for (name, d), spec in zip(sets.items(), (f"generated:30-36:{args.num}:7", f"generated:24-29:{args.num}:8"))
+        },
+        "kaggle": None if kaggle is None else {"file": args.kaggle, "puzzles": int(len(kaggle["puzzles"]))},
+        "rows": rows,
+        "ar": ar_row,
+        "speed": speeds,
+    }
+    (out / "samplers.json").write_text(json.dumps(result, indent=1))
+    write_markdown(result, out / "samplers.md")
+    plot(result, out / "samplers.png")
+    print(f"wrote {out}/samplers.{{json,md,png}}", flush=True)
+
+
+def _pct(x):
+    return f"{100 * x:.1f}"
+
+
+def write_markdown(result: dict, path: pathlib.Path):
+    lines = [
+        f"Sudoku samplers — `{result['workdir']}` (step {result['checkpoint_step']}); made by `{result['command']}`.",
+        "",
+        "Exact-grid accuracy % (mean forward passes per puzzle). (a) generated 30–36 givens, (b) generated 24–29 "
+        "givens (held out, unique solutions), (c) the shared Kaggle file (all levels).",
+        "",
+        "| model | sampler | max steps | (a) 30–36 | (b) 24–29 | (c) Kaggle |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    rows = list(result["rows"]) + ([result["ar"]] if result["ar"] else [])
+    for r in rows:
+        cells = []
+        for name in ("a_30_36", "b_24_29", "kaggle"):
+            s = r.get(name)
+            cells.append(f"{_pct(s['accuracy'])} ({s['forward_passes_per_puzzle']:.1f})" if s else "–")
+        lines.append(f"| {r['model']} | {r['sampler']} | {r['max_steps']} | " + " | ".join(cells) + " |")
+    levels = sorted({k for r in rows if r.get("kaggle") for k in r["kaggle"] if k.startswith("accuracy_level_")})
+    if levels:
+        lines += [
+            "",
+            "Kaggle file by level (exact-grid accuracy %):",
+            "",
+            "| model | sampler | max steps | " + " | ".join(k[len("accuracy_level_") :] for k in levels) + " |",
+            "|---|---|---:|" + "---:|" * len(levels),
+        ]
+        for r in rows:
+            if r.get("kaggle"):
+                lines.append(
+                    f"| {r['model']} | {r['sampler']} | {r['max_steps']} | "
+                    + " | ".join(_pct(r["kaggle"].get(k, float("nan"))) for k in levels)
+                    + " |"
+                )
+    if result["speed"]:
+        lines += [
+            "",
+            "Speed (puzzles/s, side by side on this machine):",
+            "",
+            "| batch | diffusion sampler | diffusion | AR (81 cached steps) | ratio |",
+            "|---:|---|---:|---:|---:|",
+        ]
+        for s in result["speed"]:
+            lines.append(
+                f"| {s['batch']} | {s['diffusion_sampler']} | {s['diffusion_puzzles_per_s']:.1f} | "
+                f"{s['ar_puzzles_per_s']:.1f} | {s['ratio']:.2f} |"
+            )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(result: dict, path: pathlib.Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, name, title in zip(axes, ("a_30_36", "b_24_29"), ("(a) 30–36 givens", "(b) 24–29 givens")):
+        by_label: dict[str, list] = {}
+        for r in result["rows"]:
+            by_label.setdefault(r["sampler"], []).append(
+                (r[name]["forward_passes_per_puzzle"], 100 * r[name]["accuracy"])
+            )
+        for label, pts in by_label.items():
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        if result["ar"]:
+            s = result["ar"][name]
+            ax.scatter([s["forward_passes_per_puzzle"]], [100 * s["accuracy"]], marker="x", s=80, c="k", label="AR")
+        ax.set_xscale("log")
+        ax.set_xlabel("forward passes per puzzle")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("exact-grid accuracy (%)")
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Sudoku's canvas (DiffusionGemma) and AR layouts, and the row/column/box embeddings."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hackable_diffusion import experiment, recipes
+from hackable_diffusion.data import sudoku as sudoku_lib
+from hackable_diffusion.data.tokenizers import MASK_ID
+from hackable_diffusion.models import presets
+from hackable_diffusion.models import transformer as T
+from hackable_diffusion.models.config import TransformerConfig
+from hackable_diffusion.models.layers import GridEmbedding
+
+
+def test_grid_embedding_is_row_plus_column_plus_box_and_periodic():
+    module = GridEmbedding(9, 8)
+    positions = jnp.arange(162)[None]
+    params = module.init(jax.random.key(0), positions)["params"]
+    out = module.apply({"params": params}, positions)[0]
+    for cell in (0, 10, 40, 80):
+        r, c = divmod(cell, 9)
+        b = (r // 3) * 3 + c // 3
+        expected = params["row"][r] + params["column"][c] + params["box"][b]
+        np.testing.assert_allclose(out[cell], expected, rtol=1e-6)
+        np.testing.assert_allclose(out[cell + 81], expected, rtol=1e-6)  # the canvas copy of the prompt's cell
+    # cells 0 and 20 share box 0 but neither row nor column; cells 0 and 3 share a row, not a box.
+    assert not np.allclose(out[0], out[20]) and not np.allclose(out[0], out[3])
+
+
+def test_grid_embedding_config_checks_and_effect():
+    with pytest.raises(ValueError, match="square grid side"):
+        TransformerConfig.from_dict(dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=5))
+    base = dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9)
+    model = T.Transformer(TransformerConfig.from_dict(base))
+    params = T.init_params(model, jax.random.key(0))
+    assert set(params["grid_embedding"]) == {"row", "column", "box"}
+    tokens = jnp.full((1, 81), MASK_ID)
+    logits, _ = T.forward(model, params, tokens, causal=False)
+    # All-MASK input: without grid embeddings every cell would only differ by RoPE; with them, same-row cells differ.
+    zeroed = jax.tree.map(jnp.zeros_like, params["grid_embedding"])
+    logits0, _ = T.forward(model, dict(params, grid_embedding=zeroed), tokens, causal=False)
+    assert not np.allclose(logits, logits0)
+
+
+def _tiny(layout, process="masking", tmp_path=None):
+    model = dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9)
+    c = recipes.sudoku_config(model=model, steps=4, batch_size=8, num_train=64, layout=layout, process=process)
+    c.data.num_eval = 8
+    c.data.givens_min, c.data.givens_max = 30, 40
+    c.data.cache_dir = str(tmp_path / "cache")
+    c.sampler.num_steps = 5
+    return c
+
+
+@pytest.mark.parametrize("layout,process", [("canvas", "masking"), ("canvas", "uniform"), ("ar", "masking")])
+def test_layout_objectives_and_solving(tmp_path, layout, process):
+    exp = experiment.build(_tiny(layout, process, tmp_path), "unused")
+    assert experiment.sudoku_format(exp.config) == layout
+    params = T.init_params(exp.model, jax.random.key(0))
+    tokens = jnp.asarray(exp.tokenizer.encode(exp.data.eval_solutions[:4]))
+    fixed = jnp.asarray(exp.data.eval_puzzles[:4] != 0)
+    loss, metrics = jax.jit(exp.objective)(params, {"tokens": tokens, "fixed": fixed}, jax.random.key(1))
+    assert np.isfinite(float(loss)) and float(loss) > 0
+    prompt = experiment.sudoku_prompt(tokens, fixed)
+    np.testing.assert_array_equal(np.asarray(prompt == MASK_ID), ~np.asarray(fixed))
+
+    puzzles = exp.data.eval_puzzles[:3]
+    solved = experiment.solve_sudoku(exp, params, puzzles, seed=0, batch_size=2)
+    assert solved.predictions.shape == (3, 81)
+    assert ((solved.predictions >= 1) & (solved.predictions <= 9)).all()
+    if layout == "ar":
+        assert (solved.steps == 82).all()  # the prompt's prefill + 81 decode steps
+    else:
+        assert sudoku_lib.respects_givens(solved.predictions, puzzles).all()  # givens held in the canvas
+        assert (solved.steps >= 2).all() and (solved.steps <= 6).all()  # prefill + <= 5 denoising steps
+    again = experiment.solve_sudoku(exp, params, puzzles[:1], seed=0, batch_size=1)
+    np.testing.assert_array_equal(again.predictions, solved.predictions[:1])
+    elbo = experiment.evaluate_sudoku_elbo(exp, params, num_batches=1, batch_size=4)
+    assert np.isfinite(elbo["elbo_bits_per_blank"]) and elbo["elbo_bits_per_blank"] > 0
+
+
+def test_ar_objective_counts_only_solution_cells(tmp_path):
+    exp = experiment.build(_tiny("ar", tmp_path=tmp_path), "unused")
+    params = T.init_params(exp.model, jax.random.key(0))
+    tokens = jnp.asarray(exp.tokenizer.encode(exp.data.eval_solutions[:2]))
+    fixed = jnp.asarray(exp.data.eval_puzzles[:2] != 0)
+    _, metrics = exp.objective(params, {"tokens": tokens, "fixed": fixed}, jax.random.key(0))
+    seq = jnp.concatenate([experiment.sudoku_prompt(tokens, fixed), tokens], axis=1)
+    logits, _ = T.forward(exp.model, params, seq, causal=True)
+    logp = jax.nn.log_softmax(logits[:, 80:161], axis=-1)
+    nll = -jnp.take_along_axis(logp, seq[:, 81:, None], axis=-1).mean()
+    np.testing.assert_allclose(float(metrics["ar_loss"]), float(nll), rtol=1e-5)
+
+
+def test_layout_errors(tmp_path):
+    bad = _tiny("canvas", tmp_path=tmp_path)
+    bad.diffusion.canvas_len = 64
+    with pytest.raises(ValueError, match="canvas_len=81"):
+        experiment.build(bad, "unused")
+    bad = _tiny("in_place", tmp_path=tmp_path)
+    bad.diffusion.process = "uniform"
+    with pytest.raises(ValueError, match="objective='sft'"):
+        experiment.build(bad, "unused")
+    with pytest.raises(ValueError, match="layout"):
+        recipes.sudoku_config(layout="sideways")
+
+
+def test_generative_perplexity_counts_continuations_only():
+    from hackable_diffusion.data.tokenizers import CharTokenizer
+
+    cfg = TransformerConfig.from_dict(presets.tiny(vocab_size=16, moe=False))
+    model = T.Transformer(cfg)
+    params = T.init_params(model, jax.random.key(3))
+    scorer = experiment.Experiment(
+        config=None,
+        model=model,
+        process=None,
+        objective=None,
+        tokenizer=CharTokenizer(tuple("abcdefghijkl")),
+        data=None,
+    )
+    prompts, conts = [[2, 5, 6], [2, 7]], [[8, 9, 10, 1, 11], [4, 5]]
+    out = experiment.generative_perplexity(scorer, params, prompts, conts, batch_size=4)
+    nats, count = 0.0, 0
+    for p, c in zip(prompts, conts):
+        c = c[: c.index(1) + 1] if 1 in c else c  # up to and including EOS
+        seq = jnp.asarray([p + c])
+        logits, _ = T.forward(model, params, seq, causal=True)
+        logp = jax.nn.log_softmax(logits[0, :-1], axis=-1)
+        for i in range(len(p), len(p) + len(c)):
+            nats -= float(logp[i - 1, seq[0, i]])
+            count += 1
+    assert out["gen_tokens"] == count == 6
+    np.testing.assert_allclose(out["gen_nats_per_token"], nats / count, rtol=1e-5)
+    np.testing.assert_allclose(out["gen_ppl"], np.exp(nats / count), rtol=1e-5)
+    with pytest.raises(ValueError, match="autoregressive scorer"):
+        experiment.generative_perplexity(dataclasses.replace(scorer, process=object()), params, prompts, conts)

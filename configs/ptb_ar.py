@@ -1,8 +1,8 @@
-"""ptb / ar: the autoregressive baseline: next-token cross-entropy, causal; Penn Treebank, a 2048-piece sentencepiece BPE vocabulary trained by the toolbox on the training split; the ~19M-active-parameter dense (FFN hidden 1536) backbone.
+"""ptb / ar: the autoregressive baseline: next-token cross-entropy, causal; Penn Treebank, a 2048-piece sentencepiece BPE vocabulary trained by the toolbox on the training split; the ~5.9M-parameter dense `presets.mini` backbone (FFN hidden 1024).
 
   python -m hackable_diffusion.train --config configs/ptb_ar.py --workdir runs/ptb_ar
 
-The three ptb configs share the backbone shape, sequence length (256), batch (16) and number of steps, so they
+The three ptb configs share the backbone shape, sequence length (256), batch (8) and number of steps (800: 1.64M tokens), so they
 see the same tokens; only the process and objective differ (hackable_diffusion/recipes.py: text_experiment).
 """
 

@@ -1,8 +1,8 @@
-"""ptb / uniform_moe: DiffusionGemma's recipe: uniform noise, canvas CE + encoder AR loss, self-conditioning, block canvases of 64; Penn Treebank, a 2048-piece sentencepiece BPE vocabulary trained by the toolbox on the training split; the ~19M-active-parameter MoE (dense FFN 768 + 8 experts top-2 of hidden 384: the dense model's active parameters) backbone.
+"""ptb / uniform_moe: DiffusionGemma's recipe: uniform noise, canvas CE + encoder AR loss, self-conditioning, block canvases of 64; Penn Treebank, a 2048-piece sentencepiece BPE vocabulary trained by the toolbox on the training split; the `presets.mini` MoE backbone (dense FFN 512 + 8 experts top-2 of hidden 256: the dense model's active parameters).
 
   python -m hackable_diffusion.train --config configs/ptb_uniform_moe.py --workdir runs/ptb_uniform_moe
 
-The three ptb configs share the backbone shape, sequence length (256), batch (16) and number of steps, so they
+The three ptb configs share the backbone shape, sequence length (256), batch (8) and number of steps (800: 1.64M tokens), so they
 see the same tokens; only the process and objective differ (hackable_diffusion/recipes.py: text_experiment).
 """
 

@@ -1,8 +1,8 @@
-"""shakespeare / masking_moe: MD4/MDLM continuous-time ELBO with masking noise over block canvases of 64 (BD3-LM structure); tiny Shakespeare, character level; the ~19M-active-parameter MoE (dense FFN 768 + 8 experts top-2 of hidden 384: the dense model's active parameters) backbone.
+"""shakespeare / masking_moe: MD4/MDLM continuous-time ELBO with masking noise over block canvases of 64 (BD3-LM structure); tiny Shakespeare, character level; the `presets.mini` MoE backbone (dense FFN 512 + 8 experts top-2 of hidden 256: the dense model's active parameters).
 
   python -m hackable_diffusion.train --config configs/shakespeare_masking_moe.py --workdir runs/shakespeare_masking_moe
 
-The three shakespeare configs share the backbone shape, sequence length (256), batch (16) and number of steps, so they
+The three shakespeare configs share the backbone shape, sequence length (256), batch (8) and number of steps (800: 1.64M tokens), so they
 see the same tokens; only the process and objective differ (hackable_diffusion/recipes.py: text_experiment).
 """
 

@@ -110,3 +110,24 @@ def test_masking_and_autoregressive_runs_train_and_sample(tmp_path, capsys, proc
     assert "Sample (" + ("autoregressive" if process == "none" else "diffusion") in capsys.readouterr().out
     metrics = evaluate.likelihood(str(tmp_path), num_batches=1, batch_size=8)
     assert metrics["bound"] == ("exact NLL" if process == "none" else "ELBO (upper bound on NLL)")
+
+
+def test_every_config_file_loads_and_the_text_triples_see_the_same_tokens():
+    from hackable_diffusion.models.config import TransformerConfig
+
+    seen = {}
+    for path in sorted((REPO / "configs").glob("*.py")):
+        config = cli.load_config_file(str(path))
+        TransformerConfig.from_dict(dict(config.model.to_dict(), vocab_size=config.data.get("vocab_size") or 128))
+        name = path.stem
+        for corpus in ("shakespeare", "ptb"):
+            if name.startswith(corpus + "_") and not name.startswith("sft"):
+                variant = "moe" if name.endswith("_moe") else "dense"
+                key = (corpus, variant)
+                shape = (config.model.to_dict(), config.data.seq_len, config.data.batch_size, config.train.num_steps)
+                shape[0].pop("self_conditioning", None)  # the uniform recipe's self-conditioner is its only extra
+                seen.setdefault(key, []).append((name, shape))
+    assert sorted(seen) == [("ptb", "dense"), ("ptb", "moe"), ("shakespeare", "dense"), ("shakespeare", "moe")]
+    for key, entries in seen.items():
+        assert len(entries) == 3, entries
+        assert all(shape == entries[0][1] for _, shape in entries), key

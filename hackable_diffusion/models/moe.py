@@ -40,6 +40,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
+from hackable_diffusion.models.layers import weight_first
 
 __all__ = [
     "DenseDispatch",
@@ -158,9 +159,13 @@ def _expert_ffn(
     for x_e, gating_e, linear_e in zip(
         jnp.split(x, num_experts), jnp.split(gating, num_experts), jnp.split(linear, num_experts)
     ):
-        gate_up = jnp.einsum(
-            "cd,fd->cf", x_e[0], gating_e.reshape(2 * hidden_dim, model_dim), preferred_element_type=jnp.float32
-        )
+        fused = gating_e.reshape(2 * hidden_dim, model_dim)
+        if weight_first(x_e.shape[1]):  # small buffers (decoding): layers.weight_first
+            up_t = jnp.einsum("fd,cd->fc", fused, x_e[0], preferred_element_type=jnp.float32)
+            hidden_t = gated_gelu(up_t[:hidden_dim], up_t[hidden_dim:]).astype(dtype)
+            outputs.append(jnp.einsum("hc,hd->cd", hidden_t, linear_e[0], preferred_element_type=jnp.float32))
+            continue
+        gate_up = jnp.einsum("cd,fd->cf", x_e[0], fused, preferred_element_type=jnp.float32)
         hidden = gated_gelu(gate_up[:, :hidden_dim], gate_up[:, hidden_dim:]).astype(dtype)
         outputs.append(jnp.einsum("ch,hd->cd", hidden, linear_e[0], preferred_element_type=jnp.float32))
     return jnp.stack(outputs)

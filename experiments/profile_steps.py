@@ -1,0 +1,183 @@
+"""Where the time goes: one canvas denoising step vs one autoregressive decode step, profiled op by op.
+
+  python experiments/profile_steps.py [--workdir runs/shakespeare_uniform] [--canvas 64] [--context 512]
+      [--preset mini|small] [--out results/text/profile.md]
+
+Both steps run on the same network against a KV cache holding `--context` tokens: the canvas step is
+`transformer.decode_block` over a canvas of `--canvas` tokens (the cache is only read), the AR step is
+`transformer.append` of one token (it writes the cache). Each is traced with `jax.profiler` for `--repeats` calls;
+the XLA:CPU trace's per-HLO-op events are summed and mapped back to the model's code through the compiled HLO's
+`op_name` metadata, then grouped into: attention projections, attention scores/softmax/values, FFN, output head
+(tied embedding matmul + softcap), norms, KV-cache update, layer-scan bookkeeping (per-layer weight slicing in the
+scanned loop, `copy`/`dynamic-slice`), and other. One JSON line per step, and a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import pathlib
+import re
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+CATEGORIES = [  # (category, regex over the op_name metadata / instruction name), first match wins
+    ("KV-cache update", r"dynamic_update_slice|dynamic-update-slice|scatter"),
+    ("output head", r"embedder|decode\b|softcap|tanh"),
+    (
+        "attention scores / softmax / values",
+        r"attn.*(einsum.*(BTNH,BSNH|BTNS,BSNH)|softmax|_logits|where)|softmax|reduce_max|exponential",
+    ),
+    ("attention projections", r"q_einsum|kv_einsum|k_einsum|attn_vec_einsum"),
+    ("FFN / MoE", r"mlp|moe|gating_einsum|linear|gelu|ffw"),
+    ("norms", r"norm|rsqrt"),
+    ("rotary embedding", r"rope|sin|cos"),
+    ("layer scan (weight slicing, loop)", r"while|dynamic_slice|dynamic-slice|copy|bitcast"),  # by instruction name
+]
+
+
+def op_metadata(hlo_text: str) -> dict[str, tuple[str, str]]:
+    """instruction name -> (op_name metadata, opcode) from compiled HLO text."""
+    out = {}
+    for line in hlo_text.splitlines():
+        m = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\S+\s+([\w\-]+)\(", line)
+        if not m:
+            continue
+        meta = re.search(r'op_name="([^"]*)"', line)
+        out[m.group(1)] = (meta.group(1) if meta else "", m.group(2))
+    return out
+
+
+def categorise(name: str, meta: dict[str, tuple[str, str]]) -> str:
+    op_name, opcode = meta.get(name, ("", ""))
+    if op_name:
+        # Weight slices of the scanned layer stack carry the slicing op's name, not the layer's.
+        if re.search(r"dynamic_slice|dynamic_index_in_dim", op_name):
+            return "layer scan (weight slicing, loop)"
+        for category, pattern in CATEGORIES:
+            if re.search(pattern, op_name):
+                return category
+        return "other"
+    if opcode == "dot":
+        return "matmul (no source metadata)"
+    for category, pattern in CATEGORIES:
+        if re.search(pattern, name):
+            return category
+    return "other"
+
+
+def profile(fn, args, repeats: int) -> dict:
+    compiled = fn.lower(*args).compile() if hasattr(fn, "lower") else None
+    meta = op_metadata(compiled.as_text()) if compiled is not None else {}
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        jax.block_until_ready(fn(*args))
+    wall = (time.perf_counter() - start) / repeats
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            for _ in range(repeats):
+                jax.block_until_ready(fn(*args))
+        path = sorted(glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True))[-1]
+        data = jax.profiler.ProfileData.from_file(path)
+        per_op: collections.Counter = collections.Counter()
+        for plane in data.planes:
+            for line in plane.lines:
+                if not line.name.startswith("tf_XLAEigen"):
+                    continue
+                for event in line.events:
+                    if event.name in meta and not event.name.startswith("while"):
+                        per_op[event.name] += event.duration_ns
+    total = sum(per_op.values()) or 1
+    by_category: collections.Counter = collections.Counter()
+    for name, ns in per_op.items():
+        by_category[categorise(name, meta)] += ns
+    return {
+        "wall_ms": 1e3 * wall,
+        "traced_op_ms": sum(per_op.values()) / 1e6 / repeats,
+        "share_by_category": {k: v / total for k, v in by_category.most_common()},
+        "top_ops": [
+            {"op": n, "share": v / total, "category": categorise(n, meta), "op_name": meta.get(n, ("", ""))[0][-100:]}
+            for n, v in per_op.most_common(8)
+        ],
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workdir", default="", help="a trained run (its model and params); default: --preset")
+    parser.add_argument("--preset", default="mini")
+    parser.add_argument("--canvas", type=int, default=64)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+
+    from hackable_diffusion.models import presets
+    from hackable_diffusion.models import transformer as T
+    from hackable_diffusion.models.attention import init_cache
+    from hackable_diffusion.models.config import TransformerConfig
+
+    if args.workdir:
+        from hackable_diffusion import experiment as exp_lib
+
+        exp = exp_lib.from_workdir(args.workdir)
+        model = exp.model
+        params, _ = exp_lib.load_params(exp, args.workdir)
+        source = args.workdir
+    else:
+        model = T.Transformer(TransformerConfig.from_dict(getattr(presets, args.preset)(vocab_size=128)))
+        params = T.init_params(model, jax.random.key(0))
+        source = f"presets.{args.preset} (random weights)"
+    b = args.batch
+    cache = init_cache(model.cfg, b, args.context + args.canvas)
+    prefix = jnp.full((b, args.context), 5, jnp.int32)
+    _, cache = T.append(model, params, prefix, cache)
+
+    def canvas_step(p, tokens, c):
+        return T.decode_block(model, p, tokens, c)[0]
+
+    def ar_step(p, tokens, c):
+        logits, new_cache = T.append(model, p, tokens, c)
+        return logits, new_cache.end_index
+
+    rows = []
+    for name, fn, tokens in (
+        ("canvas step", jax.jit(canvas_step), jnp.full((b, args.canvas), 6, jnp.int32)),
+        ("AR step", jax.jit(ar_step), jnp.full((b, 1), 6, jnp.int32)),
+    ):
+        result = profile(fn, (params, tokens, cache), args.repeats)
+        result.update(step=name, tokens_per_call=int(tokens.size), model=source, context=args.context, batch=b)
+        result["wall_ms_per_token"] = result["wall_ms"] / tokens.size
+        print(json.dumps(result), flush=True)
+        rows.append(result)
+
+    if args.out:
+        cats = sorted({c for r in rows for c in r["share_by_category"]})
+        lines = [
+            f"Made by `python experiments/profile_steps.py {' '.join(f'--{k}={v}' for k, v in vars(args).items() if v)}`"
+            f" — {source}, cache of {args.context} tokens, batch {b}.",
+            "",
+            "| step | tokens / call | wall ms / call | ms / token | " + " | ".join(cats) + " |",
+            "|---|---:|---:|---:|" + "---:|" * len(cats),
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['step']} | {r['tokens_per_call']} | {r['wall_ms']:.2f} | {r['wall_ms_per_token']:.3f} | "
+                + " | ".join(f"{100 * r['share_by_category'].get(c, 0):.0f}%" for c in cats)
+                + " |"
+            )
+        out = pathlib.Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(lines) + "\n")
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

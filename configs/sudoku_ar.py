@@ -13,10 +13,10 @@ from hackable_diffusion import recipes
 
 
 def get_config():
-    c = recipes.sudoku_config(steps=300, batch_size=64, layout="ar")
+    c = recipes.sudoku_config(steps=200, batch_size=64, layout="ar")
     c.optimizer.peak_lr = 1e-3
     c.optimizer.end_lr = 1e-4
-    c.optimizer.warmup_steps = 30
+    c.optimizer.warmup_steps = 20
     c.train.log_every = 25
     c.train.eval_every = 100
     c.train.checkpoint_every = 100

@@ -18,7 +18,7 @@ from hackable_diffusion import recipes
 
 
 def get_config():
-    c = recipes.sudoku_config(steps=150, batch_size=64, layout="canvas", process="masking")
+    c = recipes.sudoku_config(steps=100, batch_size=64, layout="canvas", process="masking")
     c.optimizer.peak_lr = 1e-3
     c.optimizer.end_lr = 1e-4
     c.optimizer.warmup_steps = 20

@@ -18,11 +18,11 @@ from hackable_diffusion import recipes
 
 
 def get_config():
-    c = recipes.sudoku_config(steps=100, batch_size=64, layout="canvas", process="masking")
+    c = recipes.sudoku_config(steps=60, batch_size=64, layout="canvas", process="masking")
     c.optimizer.peak_lr = 1e-3
     c.optimizer.end_lr = 1e-4
-    c.optimizer.warmup_steps = 20
+    c.optimizer.warmup_steps = 10
     c.train.log_every = 25
-    c.train.eval_every = 50
-    c.train.checkpoint_every = 50
+    c.train.eval_every = 30
+    c.train.checkpoint_every = 30
     return c

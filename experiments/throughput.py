@@ -220,6 +220,7 @@ def main():
     parser.add_argument("--canvas", type=int, default=256)
     parser.add_argument("--fixed_steps", type=int, default=16)
     parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--large_batches", default="", help="batches for the random-weight sizes (default: --batches)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--diffusion_workdir", default="", help="a trained diffusion run (e.g. runs/shakespeare_uniform)"
@@ -236,6 +237,7 @@ def main():
             f"fixed to {args.fixed_steps}, the mean steps per canvas of the trained diffusion run "
             f"({mean_steps:.2f}); random weights, early stopping off"
         )
+    size_batches = args.large_batches or args.batches
     for name in [n for n in args.sizes.split(",") if n]:
         cfg = TransformerConfig.from_dict(shapes[name])
         model = T.Transformer(cfg)
@@ -249,7 +251,7 @@ def main():
             forbidden_tokens=(0, 1, 2, 3),
         )
         counts = count_params(cfg)
-        for batch in [int(b) for b in args.batches.split(",")]:
+        for batch in [int(b) for b in size_batches.split(",")]:
             prompts = np.array(jax.random.randint(jax.random.key(1), (batch, 16), 4, cfg.vocab_size))
             prompts[:, 0] = 2
 

@@ -84,13 +84,16 @@ def speed(exp, params, puzzles, overrides, batch: int, count: int) -> float:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", default="runs/sudoku")
-    parser.add_argument("--ar_workdir", default="runs/sudoku_ar")
+    parser.add_argument("--ar_workdir", default="runs/sudoku_ar", help="'' to skip the AR row and the speed test")
     parser.add_argument("--num", type=int, default=1000)
     parser.add_argument("--kaggle", default="../shared/data/sudoku/kaggle3m_curated_5000.csv")
     parser.add_argument("--kaggle_limit", type=int, default=500, help="random subset for the sweep (0 = all)")
     parser.add_argument("--kaggle_best_limit", type=int, default=0, help="random subset for the best setting (0 = all)")
     parser.add_argument("--out", default="results/sudoku")
     parser.add_argument("--settings", default="", help="comma-separated indices into SETTINGS (default: all)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature for every setting (0: the run's config)"
+    )
     args = parser.parse_args()
 
     from hackable_diffusion import cli
@@ -116,6 +119,8 @@ def main():
     rows = []
     for label, selection, kwargs, steps in chosen:
         overrides = {"selection": selection, "selection_kwargs": kwargs, "num_steps": steps}
+        if args.temperature:
+            overrides.update(min_temperature=args.temperature, max_temperature=args.temperature)
         row = {
             "model": "diffusion (in place)",
             "sampler": label,
@@ -133,7 +138,7 @@ def main():
         rows.append(row)
 
     ar_row, ar = None, None
-    if args.ar_workdir and pathlib.Path(args.ar_workdir).exists():
+    if args.ar_workdir and pathlib.Path(args.ar_workdir).exists():  # noqa: SIM102
         ar = exp_lib.from_workdir(args.ar_workdir)
         ar_params, ar_step = exp_lib.load_params(ar, args.ar_workdir)
         ar_row = {
@@ -158,6 +163,8 @@ def main():
         "selection_kwargs": best["kwargs"],
         "num_steps": best["max_steps"],
     }
+    if args.temperature:
+        best_overrides.update(min_temperature=args.temperature, max_temperature=args.temperature)
     full_kaggle = None
     if kaggle is not None and kaggle_subset is not kaggle:  # the best setting on the whole file
         big = kaggle

@@ -97,6 +97,7 @@ def main():
     parser.add_argument("--num_samples", type=int, default=8)
     parser.add_argument("--new_tokens", type=int, default=256)
     parser.add_argument("--no_sweep", action="store_true")
+    parser.add_argument("--merge", action="store_true", help="keep the other runs of an existing report.json")
     args = parser.parse_args()
 
     from hackable_diffusion import cli
@@ -110,6 +111,10 @@ def main():
         + " ".join(f"--{k}={v}" for k, v in vars(args).items() if v not in (False, None, "")),
         "runs": {},
     }
+    previous = pathlib.Path(args.out) / "report.json"
+    if args.merge and previous.exists():
+        report["runs"] = json.loads(previous.read_text())["runs"]
+        report["command"] += " (merged into an earlier report of the other runs)"
     for workdir in [w for w in args.runs.split(",") if w]:
         exp = exp_lib.from_workdir(workdir)
         params, step = exp_lib.load_params(exp, workdir)

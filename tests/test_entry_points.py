@@ -126,7 +126,9 @@ def test_masking_and_autoregressive_runs_train_sample_and_score(tmp_path, capsys
     assert 0 < scored["gen_tokens"] <= 32 and scored["gen_ppl"] > 1 and len(scored["samples"]) == 2
     assert scored["bits_per_token_se"] >= 0
     with pytest.raises(ValueError, match="autoregressive scorer"):
-        evaluate.likelihood(str(tmp_path / "none"), num_batches=1, num_samples=1, scorer_workdir=str(tmp_path / "masking"))
+        evaluate.likelihood(
+            str(tmp_path / "none"), num_batches=1, num_samples=1, scorer_workdir=str(tmp_path / "masking")
+        )
     with pytest.raises(ValueError, match="KEY=VALUE"):
         evaluate.likelihood(str(tmp_path / "masking"), num_batches=1, sampler=["num_steps"])
 

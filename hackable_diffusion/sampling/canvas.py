@@ -7,7 +7,8 @@ diffusiongemma.md §1.4-1.8). Step i of S runs at noise level t_i = 1 - i/S:
     shaped  = logits / T(t_i)                                 # float32
     cand    ~ categorical(shaped)                             # float32 Gumbel-max, per-row keys
     accept, remask = selection(shaped, cand, undecided)       # selection.py
-    uniform process: new = accept ? cand : fresh uniform token (every free position; no persistent commit)
+    uniform process: new = accept ? cand : fresh uniform token (every free position; no persistent commit); at the
+                     budget's last step every free position takes its candidate (deliberate: no noise left)
     masking process: new = accept ? cand : (remask ? MASK : canvas)   (committed tokens stay, except ReMDM)
     sc      = sqrt(d) softmax(shaped) @ E                     # self-conditioning for the next step
     done   |= early_stopping(shaped, canvas, new)             # per row; the triggering step is kept
@@ -222,10 +223,11 @@ def _denoise(
         undecided = free & (old == process.mask_id) if persistent else free
         accept, remask = sampler.selection(step_keys[:, 1], shaped, candidates, undecided, info)
         accept, remask = accept & undecided, remask & free & ~undecided
+        # The last step of the budget leaves no noise behind: whatever the rule did not accept takes its candidate
+        # (masking: nothing stays masked, as MD4's last step; uniform: no position keeps a fresh noise token).
+        last = step == num_steps - 1
+        accept, remask = accept | (undecided & last), remask & ~last
         if persistent:
-            # Masking ends with nothing masked (as MD4's last step): whatever the rule left takes its candidate.
-            last = step == num_steps - 1
-            accept, remask = accept | (undecided & last), remask & ~last
             new = jnp.where(accept, candidates, jnp.where(remask, process.mask_id, old))
         else:
             noise = jax.vmap(lambda k: process.prior_sample(k, (c,)))(step_keys[:, 2]).astype(jnp.int32)

@@ -5,7 +5,8 @@
   python -m hackable_diffusion.evaluate --task sudoku --workdir runs/sudoku \
       --data ../shared/data/sudoku/kaggle3m_curated_5000.csv --sampler=num_steps=81
 
-A 4.8M-parameter bidirectional transformer (6 global layers, d 256, full RoPE, dense FFN; no structure embeddings)
+A 4.5M-parameter bidirectional transformer (6 global layers, d 256, full RoPE, dense FFN) with learned row/column/box
+embeddings (`model.grid_embeddings=9`; README: they cut the step-200 loss from 1.61 to 0.70)
 over a fixed 13-token vocabulary (PAD/EOS/BOS/MASK, digits as ids 4..12). Training rows are 200k generated unique
 puzzles with 24-50 givens (cached on disk); each step masks the blanks at a random level of a linear schedule and
 minimises the MD4/MDLM ELBO over the blanks only. Solving: top-probability-margin selection (Kim et al. 2025), 12

@@ -55,6 +55,12 @@ def load_set(spec: str, train_seed: int, config) -> dict:
     return data
 
 
+def random_subset(data: dict, n: int, seed: int) -> dict:
+    """A seeded random subset of n rows, in file order (the Kaggle file is sorted by level)."""
+    pick = np.sort(np.random.default_rng(seed).choice(len(data["puzzles"]), n, replace=False))
+    return {k: (v[pick] if isinstance(v, np.ndarray) else v) for k, v in data.items()}
+
+
 def score(exp, params, data, overrides, batch_size=250) -> dict:
     from hackable_diffusion import experiment as exp_lib
 
@@ -113,8 +119,7 @@ def main():
     kaggle_subset = kaggle
     if kaggle is not None and args.kaggle_limit and args.kaggle_limit < len(kaggle["puzzles"]):
         # a seeded random subset (the file is sorted by level) for the sweep; the best setting gets the whole file
-        pick = np.sort(np.random.default_rng(0).choice(len(kaggle["puzzles"]), args.kaggle_limit, replace=False))
-        kaggle_subset = {k: (v[pick] if isinstance(v, np.ndarray) else v) for k, v in kaggle.items()}
+        kaggle_subset = random_subset(kaggle, args.kaggle_limit, seed=0)
     chosen = [SETTINGS[int(i)] for i in args.settings.split(",")] if args.settings else SETTINGS
     rows = []
     for label, selection, kwargs, steps in chosen:
@@ -169,10 +174,7 @@ def main():
     if kaggle is not None and kaggle_subset is not kaggle:  # the best setting on the whole file
         big = kaggle
         if args.kaggle_best_limit and args.kaggle_best_limit < len(kaggle["puzzles"]):
-            pick = np.sort(
-                np.random.default_rng(1).choice(len(kaggle["puzzles"]), args.kaggle_best_limit, replace=False)
-            )
-            big = {k: (v[pick] if isinstance(v, np.ndarray) else v) for k, v in kaggle.items()}
+            big = random_subset(kaggle, args.kaggle_best_limit, seed=1)
         full_kaggle = dict(sampler=f"{best['sampler']} <= {best['max_steps']}", puzzles=int(len(big["puzzles"])))
         full_kaggle.update(score(exp, params, big, best_overrides))
         print(json.dumps({"kaggle_full": full_kaggle}), flush=True)

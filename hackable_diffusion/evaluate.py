@@ -243,10 +243,10 @@ def main(argv):
     if FLAGS.workdir is None:
         raise app.UsageError("--workdir is required.")
     cli.quiet_library_logs()
-    if FLAGS.task == "sudoku":
-        if not FLAGS.data:
-            raise app.UsageError("--task sudoku needs --data FILE.csv or --data generated:LO-HI:N:SEED.")
-        try:
+    if FLAGS.task == "sudoku" and not FLAGS.data:
+        raise app.UsageError("--task sudoku needs --data FILE.csv or --data generated:LO-HI:N:SEED.")
+    try:
+        if FLAGS.task == "sudoku":
             result = sudoku(
                 FLAGS.workdir,
                 FLAGS.data,
@@ -255,23 +255,18 @@ def main(argv):
                 seed=FLAGS.seed,
                 sampler=FLAGS.sampler,
             )
-        except (ValueError, FileNotFoundError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
-        print(json.dumps(result))
-        return
-    try:
-        result = likelihood(
-            FLAGS.workdir,
-            num_batches=FLAGS.num_batches,
-            batch_size=FLAGS.batch_size,
-            repeats=FLAGS.repeats,
-            seed=FLAGS.seed,
-            num_samples=FLAGS.num_samples,
-            scorer_workdir=FLAGS.scorer_workdir,
-            max_new_tokens=FLAGS.max_new_tokens,
-            sampler=FLAGS.sampler,
-        )
+        else:
+            result = likelihood(
+                FLAGS.workdir,
+                num_batches=FLAGS.num_batches,
+                batch_size=FLAGS.batch_size,
+                repeats=FLAGS.repeats,
+                seed=FLAGS.seed,
+                num_samples=FLAGS.num_samples,
+                scorer_workdir=FLAGS.scorer_workdir,
+                max_new_tokens=FLAGS.max_new_tokens,
+                sampler=FLAGS.sampler,
+            )
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

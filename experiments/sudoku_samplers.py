@@ -34,12 +34,16 @@ SETTINGS = [  # (label, selection, selection_kwargs, step budget)
     ("top-probability", "top_k_top_probability", "", 12),
     ("top-prob. margin", "top_k_margin", "", 6),
     ("top-prob. margin", "top_k_margin", "", 12),
+    ("top-prob. margin", "top_k_margin", "", 24),
+    ("top-prob. margin", "top_k_margin", "", 81),  # more compute at inference: about one cell per pass
     ("entropy", "top_k_entropy", "", 12),
     ("entropy bound g=0.1", "entropy_bound", '{"gamma": 0.1}', 12),
     ("entropy bound g=1", "entropy_bound", '{"gamma": 1.0}', 12),
     ("threshold t=0.9", "threshold", '{"tau": 0.9}', 12),
     ("threshold t=0.5", "threshold", '{"tau": 0.5}', 12),
+    ("ReMDM cap eta=0.008", "remdm_cap", "", 24),  # remasking (Wang et al. 2025) on ancestral unmasking
 ]
+KAGGLE_BUDGETS = (12, 81)  # step budgets also scored on the Kaggle subset
 
 
 def load_set(spec: str, train_seed: int, config) -> dict:
@@ -136,7 +140,7 @@ def main():
         start = time.perf_counter()
         for name, data in sets.items():
             row[name] = score(exp, params, data, overrides)
-        if kaggle is not None and steps == 12:
+        if kaggle is not None and steps in KAGGLE_BUDGETS:
             row["kaggle"] = score(exp, params, kaggle_subset, overrides)
         row["seconds"] = time.perf_counter() - start
         print(json.dumps(row), flush=True)

@@ -83,7 +83,14 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
             f"{path} not found: is {workdir!r} a training workdir (python -m hackable_diffusion.train "
             "writes config.json there)?"
         )
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    # Sampler keys added after a run was trained (inference-only settings) take their defaults.
+    from hackable_diffusion import recipes
+
+    for key, value in recipes.base_config().sampler.items():
+        if "sampler" in config and key not in config.sampler:
+            config.sampler[key] = value
+    return config
 
 
 def quiet_library_logs():

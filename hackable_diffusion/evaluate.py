@@ -124,6 +124,7 @@ def likelihood(
                     "num_steps",
                     "min_temperature",
                     "max_temperature",
+                    "score_temperature",
                     "early_stopping",
                 )
             }
@@ -177,6 +178,7 @@ SUDOKU_SAMPLER_KEYS = (
     "num_steps",
     "min_temperature",
     "max_temperature",
+    "score_temperature",
     "early_stopping",
 )
 

@@ -115,10 +115,19 @@ def build_sudoku_data(config: ml_collections.ConfigDict) -> SudokuData:
         int(dc.num_eval), (lo, hi), seed=sudoku_eval_seed(config), unique=True, cache_dir=cache_dir
     )
     vocab = SudokuVocab()
+    noise_givens = bool(dc.get("noise_givens", False))
+    if noise_givens and sudoku_format(config) != "in_place":
+        raise ValueError(
+            "config.data.noise_givens=True trains on whole solution grids and only fits the in-place layout "
+            f"(config.diffusion.objective='pretrain'), not {sudoku_format(config)!r}; set it to False."
+        )
+    train_fixed = train["puzzles"] != 0
     return SudokuData(
         tokenizer=vocab,
         train_tokens=vocab.encode(train["solutions"]),
-        train_fixed=train["puzzles"] != 0,
+        # noise_givens: every cell of the solution is noised at level t (81 loss positions per row instead of the
+        # blanks only); solving still holds a puzzle's givens fixed, which is then a partly unmasked grid.
+        train_fixed=np.zeros_like(train_fixed) if noise_givens else train_fixed,
         eval_puzzles=held_out["puzzles"],
         eval_solutions=held_out["solutions"],
     )
@@ -335,6 +344,7 @@ def build_sampler(config: ml_collections.ConfigDict, process: NoiseProcess, **ov
         canvas_length=s.canvas_len,
         null_signal=config.diffusion.null_signal,
         forbidden_tokens=(0, 2, 3),  # never generate PAD, BOS or MASK
+        score_temperature=s.get("score_temperature", 0.0) or None,  # 0 = score the sampling distribution
     )
     return sampler.replace(**overrides) if overrides else sampler
 

@@ -85,6 +85,7 @@ def base_config() -> ml_collections.ConfigDict:
             min_temperature=0.4,
             max_temperature=0.8,
             temperature_exponent=1.0,
+            score_temperature=0.0,  # 0: selection scores the sampling distribution; > 0: logits / this (1 = model's)
             num_steps=32,
             canvas_len=32,
             max_new_tokens=128,
@@ -196,6 +197,7 @@ def sudoku_config(
     c.data.num_eval = 256  # held-out generated puzzles scored during training (another generator seed)
     c.data.givens_min, c.data.givens_max = givens
     c.data.unique = True
+    c.data.noise_givens = False  # in place only: True noises all 81 cells of the solution (givens too) in training
     c.data.generator_seed = 0
     c.data.cache_dir = ""  # "" = $HACKABLE_DIFFUSION_CACHE or ~/.cache/hackable_diffusion
     c.diffusion.process = {"in_place": "masking", "canvas": process, "ar": "none"}[layout]
@@ -215,6 +217,9 @@ def sudoku_config(
     c.sampler.canvas_len = 81
     c.sampler.min_temperature = 0.1
     c.sampler.max_temperature = 0.1
+    # Rank cells by the model's own probabilities (Kim et al.), not by the T=0.1 ones, which saturate at 1: margin at
+    # 12 steps on held-out 30-36-givens puzzles, 1500-step run: 13.0% scoring at T 0.1, 53.5% scoring at T 1.
+    c.sampler.score_temperature = 1.0
     c.sampler.prompt = ""
     c.sampler.fix_givens = True  # canvas layout: hold the givens in the canvas too (infilling)
     c.sampler.ar_temperature = 0.0  # AR layout: greedy

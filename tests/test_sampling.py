@@ -421,6 +421,32 @@ def test_masking_sampler_never_changes_committed_tokens_and_threshold_progresses
     assert (np.asarray(result.steps) <= free).all() and (np.asarray(result.steps) >= 1).all()
 
 
+def test_score_temperature_ranks_by_the_models_own_probabilities(model_and_params, prefix_cache):
+    """Near-greedy tokens (T = 1e-3) but margins scored at T = 1: the first committed position is the one whose raw
+    top-1 minus top-2 probability is largest (at T = 1e-3 every margin would round to 1)."""
+    model, params = model_and_params
+    one_per_step = S.TopK(score=S.Margin(), count=S.EvenCount())
+    sampler = masking_sampler(
+        one_per_step,
+        early_stopping=E.NoEarlyStop(),
+        num_steps=CANVAS,
+        temperature=TEMP.AnnealedTemperature(1e-3, 1e-3),
+        score_temperature=1.0,
+    )
+    init = sampler.initial_canvas(jax.random.key(9), 2)
+    result = denoise_canvas(
+        model, params, prefix_cache, init, jax.random.key(10), sampler=sampler, return_trajectory=True
+    )
+    null = T.model_method(model, params, "null_sc_signal", (2, CANVAS), kind=sampler.null_signal)
+    logits = canvas_logits(model, params, prefix_cache, init, null) + sampler.logit_bias()
+    top2 = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), 2)[0]
+    first = np.asarray(result.trajectory[0]) != MASK_ID
+    assert (first.sum(axis=1) == 1).all()
+    np.testing.assert_array_equal(first.argmax(axis=1), np.asarray(jnp.argmax(top2[..., 0] - top2[..., 1], axis=1)))
+    with pytest.raises(ValueError, match="score_temperature"):
+        sampler.replace(score_temperature=0.0)
+
+
 @pytest.mark.parametrize("early_stopping", [E.NoEarlyStop(), E.EntropyBelow(threshold=1e9)])
 def test_masking_canvas_ends_unmasked_with_a_short_budget(model_and_params, prefix_cache, early_stopping):
     """Entropy-bound accepts few positions of an unsure model; the last step (or an early stop) still leaves no MASK."""

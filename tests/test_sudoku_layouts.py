@@ -109,6 +109,20 @@ def test_layout_errors(tmp_path):
         recipes.sudoku_config(layout="sideways")
 
 
+def test_noise_givens_trains_on_whole_grids_in_place_only(tmp_path):
+    c = _tiny("in_place", tmp_path=tmp_path)
+    held = experiment.build_sudoku_data(c)
+    assert held.train_fixed.any()  # default: the givens are fixed
+    c.data.noise_givens = True
+    whole = experiment.build_sudoku_data(c)
+    assert not whole.train_fixed.any()
+    np.testing.assert_array_equal(whole.train_tokens, held.train_tokens)
+    bad = _tiny("canvas", tmp_path=tmp_path)
+    bad.data.noise_givens = True
+    with pytest.raises(ValueError, match="noise_givens"):
+        experiment.build_sudoku_data(bad)
+
+
 def test_generative_perplexity_counts_continuations_only():
     from hackable_diffusion.data.tokenizers import CharTokenizer
 

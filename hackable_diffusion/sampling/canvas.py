@@ -59,6 +59,11 @@ class DiffusionSampler:
 
     self_conditioning: None = use it iff the model has a self-conditioner; True = require it; False = feed the null
       signal at every step (a model without a self-conditioner gets plain token embeddings).
+    score_temperature: None = the selection rule scores the temperature-shaped logits the tokens are drawn from
+      (DiffusionGemma: entropies of the annealed distribution); a float = it scores logits / score_temperature
+      instead (1.0: the model's own probabilities, as Kim et al. 2025 rank by, while tokens are drawn near-greedily).
+      A near-zero sampling temperature saturates every confidence at 1 and every entropy at 0, so ranking by them
+      is then a coin toss; scoring at 1.0 keeps the ranking.
     """
 
     process: NoiseProcess
@@ -70,6 +75,7 @@ class DiffusionSampler:
     self_conditioning: bool | None = None
     null_signal: str = "zeros"
     forbidden_tokens: tuple[int, ...] = ()
+    score_temperature: float | None = None
 
     def __post_init__(self):
         checks = (
@@ -97,6 +103,11 @@ class DiffusionSampler:
         if bad:
             raise ValueError(f"DiffusionSampler.forbidden_tokens {bad} are outside [0, {self.process.vocab_size}).")
         object.__setattr__(self, "forbidden_tokens", forbidden)
+        if self.score_temperature is not None and not self.score_temperature > 0:
+            raise ValueError(
+                f"DiffusionSampler.score_temperature must be None (score the sampling distribution) or > 0, got "
+                f"{self.score_temperature!r}."
+            )
 
     @classmethod
     def diffusiongemma(cls, vocab_size: int, **overrides: Any) -> DiffusionSampler:
@@ -221,7 +232,11 @@ def _denoise(
         candidates = jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(step_keys[:, 0], shaped)
         candidates = candidates.astype(jnp.int32)
         undecided = free & (old == process.mask_id) if persistent else free
-        accept, remask = sampler.selection(step_keys[:, 1], shaped, candidates, undecided, info)
+        if sampler.score_temperature is None:
+            scored = shaped
+        else:
+            scored = (logits.astype(jnp.float32) + bias) / sampler.score_temperature
+        accept, remask = sampler.selection(step_keys[:, 1], scored, candidates, undecided, info)
         accept, remask = accept & undecided, remask & free & ~undecided
         # The last step of the budget leaves no noise behind: whatever the rule did not accept takes its candidate
         # (masking: nothing stays masked, as MD4's last step; uniform: no position keeps a fresh noise token).

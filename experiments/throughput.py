@@ -103,6 +103,11 @@ def roofline(cfg: TransformerConfig, batch: int, canvas: int, steps_per_canvas: 
     }
 
 
+def unrolled(model: T.Transformer, args) -> T.Transformer:
+    """The decode-time model: the layer scan unrolled by --scan_unroll groups (0: fully; params unchanged)."""
+    return T.with_scan_unroll(model, None if args.scan_unroll == 0 else args.scan_unroll)
+
+
 def measure(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -128,6 +133,7 @@ def measure_trained(args, repeats: int) -> float:
         print("warning: the two runs have different backbone shapes", flush=True)
     dif_params, dif_step = exp_lib.load_params(dif, args.diffusion_workdir)
     ar_params, ar_step = exp_lib.load_params(ar, args.ar_workdir)
+    dif_model, ar_model = unrolled(dif.model, args), unrolled(ar.model, args)
     sampler = exp_lib.build_sampler(dif.config, dif.process)
     prompt = dif.config.sampler.prompt
     ids = [BOS_ID] + ar.tokenizer.encode(prompt)
@@ -138,12 +144,12 @@ def measure_trained(args, repeats: int) -> float:
 
         def diffusion(key=0):
             return gen_lib.generate(
-                dif.model, dif_params, prompts, sampler=sampler, key=key, max_new_tokens=new_tokens, stop_tokens=()
+                dif_model, dif_params, prompts, sampler=sampler, key=key, max_new_tokens=new_tokens, stop_tokens=()
             )
 
         def autoregressive(key=0):
             return gen_lib.generate_ar(
-                ar.model,
+                ar_model,
                 ar_params,
                 prompts,
                 key=key,
@@ -201,6 +207,7 @@ def measure_trained(args, repeats: int) -> float:
             "diffusion_unigram_entropy_bits": gen["diffusion"]["gen_unigram_entropy_bits"],
             "ar_unigram_entropy_bits": gen["ar"]["gen_unigram_entropy_bits"],
             "ar_temperature": float(ar.config.sampler.ar_temperature),
+            "scan_unroll": args.scan_unroll,
             "diffusion_wall_s": d_s,
             "ar_wall_s": a_s,
         }
@@ -223,6 +230,12 @@ def main():
     parser.add_argument("--large_batches", default="", help="batches for the random-weight sizes (default: --batches)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--scan_unroll",
+        type=int,
+        default=1,
+        help="layer groups per scan iteration at decode time for both decoders (1: rolled, as trained; 0: fully)",
+    )
+    parser.add_argument(
         "--diffusion_workdir", default="", help="a trained diffusion run (e.g. runs/shakespeare_uniform)"
     )
     parser.add_argument("--ar_workdir", default="", help="the trained AR run of the same shape (runs/shakespeare_ar)")
@@ -240,8 +253,8 @@ def main():
     size_batches = args.large_batches or args.batches
     for name in [n for n in args.sizes.split(",") if n]:
         cfg = TransformerConfig.from_dict(shapes[name])
-        model = T.Transformer(cfg)
-        params = T.init_params(model, jax.random.key(0))
+        params = T.init_params(T.Transformer(cfg), jax.random.key(0))
+        model = unrolled(T.Transformer(cfg), args)
         process = UniformProcess(cfg.vocab_size, LinearSchedule(), excluded_ids=(0, 1, 2, 3))
         sampler = DiffusionSampler(
             process=process,
@@ -291,6 +304,7 @@ def main():
                 "steps_per_canvas": args.fixed_steps,
                 "steps_note": fixed_steps_note,
                 "quick": args.quick,
+                "scan_unroll": args.scan_unroll,
                 "diffusion_tokens_per_s": new / d_s,
                 "ar_tokens_per_s": new / a_s,
                 "ratio": a_s / d_s,

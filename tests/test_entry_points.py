@@ -152,3 +152,13 @@ def test_every_config_file_loads_and_the_text_triples_see_the_same_tokens():
     for key, entries in seen.items():
         assert len(entries) == 3, entries
         assert all(shape == entries[0][1] for _, shape in entries), key
+
+
+def test_saved_configs_from_older_runs_get_new_sampler_keys(tmp_path):
+    """A run saved before a sampler key existed (here score_temperature) loads with that key's default."""
+    config = recipes.base_config().to_dict()
+    del config["sampler"]["score_temperature"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = cli.load_saved_config(str(tmp_path))
+    assert loaded.sampler.score_temperature == recipes.base_config().sampler.score_temperature
+    assert loaded.sampler.num_steps == config["sampler"]["num_steps"]

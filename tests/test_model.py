@@ -152,6 +152,31 @@ def test_remat_matches_values_and_gradients():
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), ga, gb)
 
 
+def test_unrolled_layer_scan_equals_rolled_in_every_mode():
+    """The decode fast path (scan unrolled) against the rolled loop: same params, same logits and caches."""
+    cfg = tiny_cfg(num_layers=3 * len(presets.tiny()["layer_pattern"]))
+    assert cfg.num_groups == 3
+    model, params = make(cfg)
+    for unroll in (None, 2):  # fully unrolled, and 2 groups per iteration (3 = 2 + 1 remainder)
+        fast = T.with_scan_unroll(model, unroll)
+        assert jax.tree.structure(T.init_params(fast, jax.random.key(0))) == jax.tree.structure(params)
+        toks = tokens_for((2, 10))
+        for causal in (True, False):
+            want, _ = T.forward(model, params, toks, causal=causal)
+            got, _ = T.forward(fast, params, toks, causal=causal)
+            np.testing.assert_allclose(got, want, atol=2e-5)
+        caches = []
+        for m in (model, fast):
+            cache = init_cache(m.cfg, 2, 12)
+            _, cache = T.append(m, params, toks[:, :8], cache)
+            step, cache = T.append(m, params, toks[:, 8:9], cache)
+            caches.append((step, cache))
+        np.testing.assert_allclose(caches[1][0], caches[0][0], atol=2e-5)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), caches[1][1], caches[0][1])
+    with pytest.raises(ValueError, match="scan_unroll"):
+        tiny_cfg(scan_unroll=0)
+
+
 def test_self_conditioning_zero_signal_is_normalised_embedding():
     cfg = tiny_cfg(self_conditioning=True)
     model, params = make(cfg)

@@ -130,6 +130,7 @@ class Transformer(nn.Module):
             split_rngs={"params": True},
             in_axes=(0,) + (nn.broadcast,) * 6,
             length=cfg.num_groups,
+            unroll=min(cfg.scan_unroll, cfg.num_groups),
         )
         self.layers = scanned(cfg)
         self.final_norm = RMSNorm(eps=cfg.norm_eps, param_dtype=pdtype)
@@ -366,6 +367,12 @@ def init_params(model: Transformer, rng: jax.Array, batch_size: int = 1, seq_len
     if model.cfg.self_conditioning:
         sc = jnp.zeros((batch_size, seq_len, model.cfg.embed_dim), resolve_dtype(model.cfg.compute_dtype))
     return model.init(rng, tokens, positions_from_mask(mask), causal_mask(mask), sc_signal=sc)["params"]
+
+
+def with_scan_unroll(model: Transformer, unroll: int | None = None) -> Transformer:
+    """The same model (same parameter tree) with its layer scan unrolled by `unroll` groups (None: fully)."""
+    cfg = model.cfg
+    return Transformer(cfg.replace(scan_unroll=cfg.num_groups if unroll is None else unroll))
 
 
 def model_method(model: Transformer, params, method: str, *args, **kwargs):

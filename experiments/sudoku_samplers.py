@@ -9,7 +9,7 @@ For the trained in-place model (configs/sudoku.py) it solves
 with vanilla ancestral sampling, top-probability, top-probability margin and entropy ordering at several step budgets,
 the entropy bound (gamma sweep) and the confidence threshold (tau sweep), plus the AR model (configs/sudoku_ar.py,
 81 greedy cached decode steps after the puzzle's prefill). The shared Kaggle file (c) is solved by every diffusion
-setting at the 12-step budget and by the AR model, on a seeded random subset of `--kaggle_limit` puzzles, split by
+setting at the 12- and 81-step budgets (`KAGGLE_BUDGETS`) and by the AR model, on a seeded random subset of `--kaggle_limit` puzzles, split by
 its `level` column; the best setting is also run on `--kaggle_best_limit` puzzles (0: the whole file). The adaptive
 rules (entropy bound, threshold) get at most 12 steps here; below that they stop as soon as no blank is left.
 Generated puzzles that the training set holds are dropped (the count is recorded). Speed: puzzles per second of the
@@ -208,6 +208,9 @@ def main():
         + " ".join(f"--{k}={v}" for k, v in vars(args).items() if v not in ("", 0, None)),
         "workdir": args.workdir,
         "checkpoint_step": step,
+        # tokens drawn at this temperature; cells ranked by logits / score_temperature (0: by the sampling logits)
+        "sampling_temperature": args.temperature or float(exp.config.sampler.max_temperature),
+        "score_temperature": float(exp.config.sampler.score_temperature),
         "sets": {
             name: {
                 "spec": spec,
@@ -240,6 +243,14 @@ def _pct(x):
 def write_markdown(result: dict, path: pathlib.Path):
     lines = [
         f"Sudoku samplers — `{result['workdir']}` (step {result['checkpoint_step']}); made by `{result['command']}`.",
+        "",
+        f"Tokens drawn at temperature {result.get('sampling_temperature')}; cells ranked by "
+        + (
+            f"the model's logits at temperature {result['score_temperature']:g}"
+            if result.get("score_temperature")
+            else "the sampling distribution"
+        )
+        + " (`sampler.score_temperature`).",
         "",
         "Exact-grid accuracy % (mean forward passes per puzzle). (a) generated 30–36 givens, (b) generated 24–29 "
         "givens (held out, unique solutions), (c) a seeded random subset of the shared Kaggle file (all levels).",

@@ -84,7 +84,8 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
             "writes config.json there)?"
         )
     config = ml_collections.ConfigDict(json.loads(path.read_text()))
-    # Sampler keys added after a run was trained (inference-only settings) take their defaults.
+    # Sampler keys added after a run was trained (inference-only settings) take base_config's defaults, which are
+    # chosen to reproduce how samplers behaved before the key existed (score_temperature 0: score the sampling logits).
     from hackable_diffusion import recipes
 
     for key, value in recipes.base_config().sampler.items():

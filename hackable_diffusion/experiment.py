@@ -107,6 +107,12 @@ def build_sudoku_data(config: ml_collections.ConfigDict) -> SudokuData:
     if dc.seq_len != 81:
         raise ValueError(f"config.data.seq_len must be 81 for Sudoku (one token per cell), got {dc.seq_len}.")
     lo, hi = _sudoku_givens_range(dc)
+    noise_givens = bool(dc.get("noise_givens", False))
+    if noise_givens and sudoku_format(config) != "in_place":
+        raise ValueError(
+            "config.data.noise_givens=True trains on whole solution grids and only fits the in-place layout "
+            f"(config.diffusion.objective='pretrain'), not {sudoku_format(config)!r}; set it to False."
+        )
     cache_dir = dc.cache_dir or "default"
     train = sudoku_lib.generate_dataset(
         int(dc.num_train), (lo, hi), seed=int(dc.generator_seed), unique=bool(dc.unique), cache_dir=cache_dir
@@ -115,12 +121,6 @@ def build_sudoku_data(config: ml_collections.ConfigDict) -> SudokuData:
         int(dc.num_eval), (lo, hi), seed=sudoku_eval_seed(config), unique=True, cache_dir=cache_dir
     )
     vocab = SudokuVocab()
-    noise_givens = bool(dc.get("noise_givens", False))
-    if noise_givens and sudoku_format(config) != "in_place":
-        raise ValueError(
-            "config.data.noise_givens=True trains on whole solution grids and only fits the in-place layout "
-            f"(config.diffusion.objective='pretrain'), not {sudoku_format(config)!r}; set it to False."
-        )
     train_fixed = train["puzzles"] != 0
     return SudokuData(
         tokenizer=vocab,

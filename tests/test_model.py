@@ -1,6 +1,7 @@
 """Backbone tests: cache equivalences, decoder mode, sliding window, dtype, remat, config errors, counts."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -153,12 +154,16 @@ def test_remat_matches_values_and_gradients():
 
 
 def test_unrolled_layer_scan_equals_rolled_in_every_mode():
-    """The decode fast path (scan unrolled) against the rolled loop: same params, same logits and caches."""
+    """The unrolled layer scan against the rolled loop: same params, same logits and caches."""
     cfg = tiny_cfg(num_layers=3 * len(presets.tiny()["layer_pattern"]))
     assert cfg.num_groups == 3
     model, params = make(cfg)
     for unroll in (None, 2):  # fully unrolled, and 2 groups per iteration (3 = 2 + 1 remainder)
         fast = T.with_scan_unroll(model, unroll)
+        assert fast.cfg.scan_unroll == (3 if unroll is None else unroll)
+        jaxpr = jax.make_jaxpr(lambda p, m=fast: T.forward(m, p, tokens_for((1, 4)))[0])(params)
+        unrolls = {int(u) for u in re.findall(r"unroll=(\d+)", str(jaxpr))}
+        assert fast.cfg.scan_unroll in unrolls, unrolls  # the setting reaches lax.scan
         assert jax.tree.structure(T.init_params(fast, jax.random.key(0))) == jax.tree.structure(params)
         toks = tokens_for((2, 10))
         for causal in (True, False):

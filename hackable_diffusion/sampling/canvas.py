@@ -6,7 +6,8 @@ diffusiongemma.md §1.4-1.8). Step i of S runs at noise level t_i = 1 - i/S:
     logits  = decode_block(canvas, cache, sc_signal)          # decoder mode: reads the cache, never writes it
     shaped  = logits / T(t_i)                                 # float32
     cand    ~ categorical(shaped)                             # float32 Gumbel-max, per-row keys
-    accept, remask = selection(shaped, cand, undecided)       # selection.py
+    scored  = shaped, or logits / score_temperature if set    # what the rule ranks (see DiffusionSampler)
+    accept, remask = selection(scored, cand, undecided)       # selection.py
     uniform process: new = accept ? cand : fresh uniform token (every free position; no persistent commit); at the
                      budget's last step every free position takes its candidate (deliberate: no noise left)
     masking process: new = accept ? cand : (remask ? MASK : canvas)   (committed tokens stay, except ReMDM)
@@ -29,6 +30,8 @@ Differences from the reference, on purpose:
   * Every random draw comes from the row's own key, folded with the step index, so a row samples the same tokens
     alone or inside any batch.
   * No trajectory is kept unless `return_trajectory=True`.
+  * `score_temperature` (off by default, as the reference) lets the rule rank positions by logits at another
+    temperature than the tokens are drawn at; early stopping and self-conditioning always use `shaped`.
 """
 
 from __future__ import annotations
@@ -62,8 +65,8 @@ class DiffusionSampler:
     score_temperature: None = the selection rule scores the temperature-shaped logits the tokens are drawn from
       (DiffusionGemma: entropies of the annealed distribution); a float = it scores logits / score_temperature
       instead (1.0: the model's own probabilities, as Kim et al. 2025 rank by, while tokens are drawn near-greedily).
-      A near-zero sampling temperature saturates every confidence at 1 and every entropy at 0, so ranking by them
-      is then a coin toss; scoring at 1.0 keeps the ranking.
+      A near-zero sampling temperature saturates every confidence at 1 and every entropy at 0, so the ranking then
+      degenerates to ties broken by position (left to right); scoring at 1.0 keeps the model's ranking.
     """
 
     process: NoiseProcess

@@ -1,6 +1,7 @@
 """Selection rules: which canvas positions take the model's sample at one denoising step.
 
-Every rule sees the temperature-shaped float32 logits of one step, the candidate tokens already sampled from them,
+Every rule sees the scored float32 logits of one step (the temperature-shaped sampling logits, or logits /
+`DiffusionSampler.score_temperature` when set), the candidate tokens already sampled from the sampling logits,
 and the set of *undecided* positions it may fill, and returns two boolean masks over the canvas:
 
     accept: undecided positions that take their candidate this step;
@@ -248,7 +249,8 @@ class EvenCount:
 class SelectionRule(abc.ABC):
     """Base class: `rule(keys, logits, candidates, undecided, info) -> (accept, remask)`.
 
-    keys: one PRNG key per batch row; logits: temperature-shaped, float32; candidates: the tokens sampled from them.
+    keys: one PRNG key per batch row; logits: the scored logits, float32 (the sampling logits unless the sampler sets
+    score_temperature); candidates: the tokens sampled from the sampling logits.
     """
 
     remasks: ClassVar[bool] = False  # True when the rule may send decided tokens back to MASK

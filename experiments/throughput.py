@@ -221,13 +221,17 @@ def measure_trained(args, repeats: int) -> float:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="one layer group per model, batch 1 and 8, 2 repeats")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one layer group per model, 2 repeats; batch 1 and 8 for the small model, batch 1 for the large ones (< 5 min)",
+    )
     parser.add_argument("--sizes", default="small,large,large_moe")
     parser.add_argument("--new_tokens", type=int, default=512)
     parser.add_argument("--canvas", type=int, default=256)
     parser.add_argument("--fixed_steps", type=int, default=16)
     parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--large_batches", default="", help="batches for the random-weight sizes (default: --batches)")
+    parser.add_argument("--large_batches", default="", help="batches for the large sizes (default: --batches)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--scan_unroll",
@@ -241,6 +245,8 @@ def main():
     parser.add_argument("--ar_workdir", default="", help="the trained AR run of the same shape (runs/shakespeare_ar)")
     args = parser.parse_args()
     repeats = 2 if args.quick else args.repeats
+    if args.quick and not args.large_batches:
+        args.large_batches = "1"  # the large sizes at batch 1 only: batch 8 of them alone takes minutes
     shapes = model_shapes(args.quick)
     fixed_steps_note = "fixed (random weights; early stopping off)"
     if args.diffusion_workdir and args.ar_workdir:
@@ -250,7 +256,6 @@ def main():
             f"fixed to {args.fixed_steps}, the mean steps per canvas of the trained diffusion run "
             f"({mean_steps:.2f}); random weights, early stopping off"
         )
-    size_batches = args.large_batches or args.batches
     for name in [n for n in args.sizes.split(",") if n]:
         cfg = TransformerConfig.from_dict(shapes[name])
         params = T.init_params(T.Transformer(cfg), jax.random.key(0))
@@ -264,6 +269,7 @@ def main():
             forbidden_tokens=(0, 1, 2, 3),
         )
         counts = count_params(cfg)
+        size_batches = args.batches if name == "small" else (args.large_batches or args.batches)
         for batch in [int(b) for b in size_batches.split(",")]:
             prompts = np.array(jax.random.randint(jax.random.key(1), (batch, 16), 4, cfg.vocab_size))
             prompts[:, 0] = 2

@@ -11,8 +11,9 @@ over a fixed 13-token vocabulary (PAD/EOS/BOS/MASK, digits as ids 4..12). Traini
 puzzles with 24-50 givens (cached on disk); each step masks the blanks at a random level of a linear schedule and
 minimises the MD4/MDLM ELBO over the blanks only (`data.noise_givens=True` noises the givens too: worse in a
 600-step probe, 0.41 vs 0.36 bits per blank). Batch 32 at lr 2e-3: in probes, batch 32 reached loss 0.31 after
-12.8k examples vs 0.77 for batch 64 (lr 1e-3, session 2's setting), and lr 2e-3 led lr 1e-3 at every logged step. Solving: top-probability-margin selection (Kim et al. 2025), 12
-steps, cells ranked by the model's probabilities (`sampler.score_temperature=1`), tokens drawn at temperature 0.1.
+12.8k examples vs 0.77 for batch 64 (lr 1e-3, session 2's setting), and lr 2e-3 led lr 1e-3 at every logged step.
+Solving: top-probability-margin selection (Kim et al. 2025), 12 steps, cells ranked by the model's probabilities
+(`sampler.score_temperature=1`), tokens drawn at temperature 0.1.
 """
 
 from hackable_diffusion import recipes

@@ -9,9 +9,10 @@ For the trained in-place model (configs/sudoku.py) it solves
 with vanilla ancestral sampling, top-probability, top-probability margin and entropy ordering at several step budgets,
 the entropy bound (gamma sweep) and the confidence threshold (tau sweep), plus the AR model (configs/sudoku_ar.py,
 81 greedy cached decode steps after the puzzle's prefill). The shared Kaggle file (c) is solved by every diffusion
-setting at the 12- and 81-step budgets (`KAGGLE_BUDGETS`) and by the AR model, on a seeded random subset of `--kaggle_limit` puzzles, split by
-its `level` column; the best setting is also run on `--kaggle_best_limit` puzzles (0: the whole file). The adaptive
-rules (entropy bound, threshold) get at most 12 steps here; below that they stop as soon as no blank is left.
+setting at the 12- and 81-step budgets (`KAGGLE_BUDGETS`) and by the AR model, on a seeded random subset of
+`--kaggle_limit` puzzles, split by its `level` column; the best setting is also run on `--kaggle_best_limit`
+puzzles (0: the whole file). The adaptive rules (entropy bound, threshold) get at most 12 steps here; below that
+they stop as soon as no blank is left.
 Generated puzzles that the training set holds are dropped (the count is recorded). Speed: puzzles per second of the
 best diffusion setting with <= 12 passes on (a) vs the AR model, at batch 1 and batch 100, measured side by side.
 
@@ -125,11 +126,11 @@ def main():
         # a seeded random subset (the file is sorted by level) for the sweep; the best setting gets the whole file
         kaggle_subset = random_subset(kaggle, args.kaggle_limit, seed=0)
     chosen = [SETTINGS[int(i)] for i in args.settings.split(",")] if args.settings else SETTINGS
+    # --temperature: the same sampling temperature for every setting (otherwise the run's config)
+    temperature = dict(min_temperature=args.temperature, max_temperature=args.temperature) if args.temperature else {}
     rows = []
     for label, selection, kwargs, steps in chosen:
-        overrides = {"selection": selection, "selection_kwargs": kwargs, "num_steps": steps}
-        if args.temperature:
-            overrides.update(min_temperature=args.temperature, max_temperature=args.temperature)
+        overrides = {"selection": selection, "selection_kwargs": kwargs, "num_steps": steps, **temperature}
         row = {
             "model": "diffusion (in place)",
             "sampler": label,
@@ -171,9 +172,8 @@ def main():
         "selection": best["selection"],
         "selection_kwargs": best["kwargs"],
         "num_steps": best["max_steps"],
+        **temperature,
     }
-    if args.temperature:
-        best_overrides.update(min_temperature=args.temperature, max_temperature=args.temperature)
     full_kaggle = None
     if kaggle is not None and kaggle_subset is not kaggle:  # the best setting on the whole file
         big = kaggle

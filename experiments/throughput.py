@@ -224,7 +224,7 @@ def main():
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="one layer group per model, 2 repeats; batch 1 and 8 for the small model, batch 1 for the large ones (< 5 min)",
+        help="one layer group per model, 2 repeats; batches 1 and 8 for the small model, 1 for the large (< 5 min)",
     )
     parser.add_argument("--sizes", default="small,large,large_moe")
     parser.add_argument("--new_tokens", type=int, default=512)
@@ -258,8 +258,9 @@ def main():
         )
     for name in [n for n in args.sizes.split(",") if n]:
         cfg = TransformerConfig.from_dict(shapes[name])
-        params = T.init_params(T.Transformer(cfg), jax.random.key(0))
-        model = unrolled(T.Transformer(cfg), args)
+        trained_shape = T.Transformer(cfg)
+        params = T.init_params(trained_shape, jax.random.key(0))
+        model = unrolled(trained_shape, args)
         process = UniformProcess(cfg.vocab_size, LinearSchedule(), excluded_ids=(0, 1, 2, 3))
         sampler = DiffusionSampler(
             process=process,

@@ -88,9 +88,10 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
     # chosen to reproduce how samplers behaved before the key existed (score_temperature 0: score the sampling logits).
     from hackable_diffusion import recipes
 
-    for key, value in recipes.base_config().sampler.items():
-        if "sampler" in config and key not in config.sampler:
-            config.sampler[key] = value
+    if "sampler" in config:
+        for key, value in recipes.base_config().sampler.items():
+            if key not in config.sampler:
+                config.sampler[key] = value
     return config
 
 

@@ -116,18 +116,7 @@ def likelihood(
             used = np.asarray(result.steps)
             out["mean_steps_per_canvas"] = float(used[used > 0].mean()) if (used > 0).any() else 0.0
         if not exp.is_autoregressive:
-            out["sampler"] = {
-                k: exp.config.sampler[k]
-                for k in (
-                    "selection",
-                    "selection_kwargs",
-                    "num_steps",
-                    "min_temperature",
-                    "max_temperature",
-                    "score_temperature",
-                    "early_stopping",
-                )
-            }
+            out["sampler"] = {k: exp.config.sampler[k] for k in SAMPLER_REPORT_KEYS}
         if scorer_workdir:
             scorer = exp_lib.from_workdir(scorer_workdir)
             scorer_params, _ = exp_lib.load_params(scorer, scorer_workdir)
@@ -172,7 +161,7 @@ def load_sudoku_puzzles(spec: str, *, train_seed: int | None = None, limit: int 
     return data
 
 
-SUDOKU_SAMPLER_KEYS = (
+SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every result
     "selection",
     "selection_kwargs",
     "num_steps",
@@ -235,7 +224,7 @@ def sudoku(
         "data": data,
         "checkpoint_step": step,
         "dropped_as_in_training": None if seen is None else int(seen.sum()),
-        "sampler": {k: config.sampler[k] for k in SUDOKU_SAMPLER_KEYS},
+        "sampler": {k: config.sampler[k] for k in SAMPLER_REPORT_KEYS},
     }
     return {**head, **scores}
 

@@ -230,15 +230,13 @@ def _denoise(
         step, old = state["step"], state["canvas"]
         info = StepInfo.at(step, num_steps, process.schedule, free, persistent)
         logits = canvas_logits(model, params, cache, old, state.get("sc"))
-        shaped = (logits.astype(jnp.float32) + bias) / sampler.temperature(info.t)
+        biased = logits.astype(jnp.float32) + bias
+        shaped = biased / sampler.temperature(info.t)
         step_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, step), 3))(keys)
         candidates = jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(step_keys[:, 0], shaped)
         candidates = candidates.astype(jnp.int32)
         undecided = free & (old == process.mask_id) if persistent else free
-        if sampler.score_temperature is None:
-            scored = shaped
-        else:
-            scored = (logits.astype(jnp.float32) + bias) / sampler.score_temperature
+        scored = shaped if sampler.score_temperature is None else biased / sampler.score_temperature
         accept, remask = sampler.selection(step_keys[:, 1], scored, candidates, undecided, info)
         accept, remask = accept & undecided, remask & free & ~undecided
         # The last step of the budget leaves no noise behind: whatever the rule did not accept takes its candidate

@@ -233,7 +233,9 @@ def test_top_k_scores_and_counts():
     np.testing.assert_array_equal(accept[0], [False, True, True, False])  # only undecided positions compete
 
 
-@pytest.mark.parametrize("count", [S.ScheduleCount(), S.CosineCount(), S.EvenCount()])
+@pytest.mark.parametrize(
+    "count", [S.ScheduleCount(), S.CosineCount(), S.EvenCount(), S.PowerCount(2.0), S.PowerCount(0.5)]
+)
 def test_counts_unmask_everything_by_the_last_step(count):
     num_steps, n = 7, 10
     free = jnp.ones((1, n), bool)
@@ -246,6 +248,15 @@ def test_counts_unmask_everything_by_the_last_step(count):
     assert undecided == 0, history
     if isinstance(count, S.EvenCount):
         assert history == [2, 2, 2, 1, 1, 1, 1]  # LLaDA: 10 // 7 = 1 per step, remainder 3 to the first steps
+    if isinstance(count, S.PowerCount):  # decided after step i: round(10 ((i+1)/7)^e)
+        targets = [round(n * ((i + 1) / num_steps) ** count.exponent) for i in range(num_steps)]
+        expected, decided = [], 0
+        for target in targets:  # each step decides at least one position while any is left
+            step_k = min(max(target - decided, 1), n - decided)
+            expected.append(step_k)
+            decided += step_k
+        assert history == expected, (history, targets)
+        assert (history[0] < history[-1]) == (count.exponent > 1), history
     if isinstance(count, S.ScheduleCount):  # uniform process: #free * alpha(s), all at the last step
         k = count(jnp.array([n]), S.StepInfo.at(2, 4, LinearSchedule(), free, False))
         assert int(k[0]) == round(n * float(LinearSchedule().alpha(0.25)))
@@ -339,6 +350,13 @@ def test_unknown_names_raise():
         S.make_selection("entropy_bound", tau=0.3)
     assert S.make_selection("top_k_margin", gumbel_scale=0.5) == S.TopK(score=S.Margin(), gumbel_scale=0.5)
     assert S.make_selection("maskgit").count == S.CosineCount()
+    assert S.make_selection("top_k_margin", count="power:1.5").count == S.PowerCount(1.5)
+    assert S.make_selection("top_k_margin", count="cosine").count == S.CosineCount()
+    for bad, message in [("power:x", "power:x"), ("cosine:2", "takes no argument"), ("fast", "unknown count rule")]:
+        with pytest.raises(ValueError, match=message):
+            S.make_selection("top_k_margin", count=bad)
+    with pytest.raises(ValueError, match="exponent must be > 0"):
+        S.PowerCount(0.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

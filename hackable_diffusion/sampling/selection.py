@@ -240,6 +240,43 @@ class EvenCount:
         return _finalise_count(decided_target - decided_now, num_undecided, info)
 
 
+@dataclasses.dataclass(frozen=True)
+class PowerCount:
+    """round(#free ((i+1)/S)^exponent) positions decided after step i: exponent 1 is LLaDA's even split (rounded),
+    exponent > 1 decides few positions early, while most are still masked, and many late, when the context has
+    pinned them down (for Sudoku: cells become forced as the grid fills)."""
+
+    exponent: float = 2.0
+
+    def __post_init__(self):
+        if not self.exponent > 0:
+            raise ValueError(f"PowerCount exponent must be > 0, got {self.exponent}.")
+
+    def __call__(self, num_undecided: Int[Array, "b"], info: StepInfo) -> Int[Array, "b"]:
+        progress = (info.step + 1).astype(jnp.float32) / info.num_steps
+        decided_target = jnp.round(info.num_free.astype(jnp.float32) * progress**self.exponent).astype(jnp.int32)
+        decided_now = info.num_free - num_undecided if info.persistent else 0
+        return _finalise_count(decided_target - decided_now, num_undecided, info)
+
+
+COUNT_RULES: dict[str, Any] = {"schedule": ScheduleCount, "cosine": CosineCount, "even": EvenCount, "power": PowerCount}
+
+
+def make_count(spec: str) -> Any:
+    """A count rule from a name, `"power:E"` for `PowerCount(E)`: "schedule", "cosine", "even", "power:2"."""
+    name, _, arg = spec.partition(":")
+    if name not in COUNT_RULES:
+        raise ValueError(f"unknown count rule {spec!r}; choose one of {sorted(COUNT_RULES)} (e.g. 'power:2').")
+    if not arg:
+        return COUNT_RULES[name]()
+    if name != "power":
+        raise ValueError(f"count rule {name!r} takes no argument, got {spec!r}.")
+    try:
+        return PowerCount(float(arg))
+    except ValueError as error:
+        raise ValueError(f"count rule {spec!r}: {error}") from None
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Selection rules.
 # ---------------------------------------------------------------------------------------------------------------------
@@ -411,9 +448,12 @@ SELECTION_RULES: dict[str, Any] = {
 
 
 def make_selection(name: str, **kwargs) -> SelectionRule:
-    """Builds a selection rule by name, e.g. `make_selection("top_k_margin", gumbel_scale=0.5)`."""
+    """Builds a selection rule by name, e.g. `make_selection("top_k_margin", gumbel_scale=0.5)`; top-k rules take
+    `count="cosine"` / `"power:2"` (`make_count`) for how many positions each step decides."""
     if name not in SELECTION_RULES:
         raise ValueError(f"unknown selection rule {name!r}; choose one of {sorted(SELECTION_RULES)}.")
+    if isinstance(kwargs.get("count"), str):  # e.g. '{"count": "power:2"}' from a config string
+        kwargs = dict(kwargs, count=make_count(kwargs["count"]))
     try:
         return SELECTION_RULES[name](**kwargs)
     except TypeError as error:

@@ -15,7 +15,7 @@ minimises the MD4/MDLM ELBO over the blanks only (`data.noise_givens=True` noise
 Solving: top-probability-margin selection (Kim et al. 2025), 12 steps, cells ranked by the model's probabilities
 (`sampler.score_temperature=1`), tokens drawn at temperature 0.1.
 
-4800 steps (153.6k puzzles, under one epoch) take about 55 minutes on both cores of the 2-core CPU (1.5 steps/s;
+4800 steps (153.6k puzzles, under one epoch) took about 56 minutes on both cores of the 2-core CPU (1.43 steps/s;
 one core: 0.88 steps/s, so session 3's 3000 steps took 60 min on one core while the AR model trained on the other).
 Probes to step 500 of this schedule (held-out ELBO bits per blank, baseline 0.41): no RoPE (grid embeddings only)
 0.77; 10 layers of d 192 (4.4M) 0.43 at 0.79x the step rate.

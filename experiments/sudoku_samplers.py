@@ -168,12 +168,16 @@ def main():
     # Speed: the best <= 12-pass diffusion setting on (a) vs AR, side by side (interleaved), batch 1 and 100.
     cheap = [r for r in rows if r["a_30_36"]["forward_passes_per_puzzle"] <= 12.0]
     best = max(cheap or rows, key=lambda r: (r["a_30_36"]["accuracy"], r["b_24_29"]["accuracy"]))
-    best_overrides = {
-        "selection": best["selection"],
-        "selection_kwargs": best["kwargs"],
-        "num_steps": best["max_steps"],
-        **temperature,
-    }
+
+    def overrides_of(row: dict) -> dict:
+        return {
+            "selection": row["selection"],
+            "selection_kwargs": row["kwargs"],
+            "num_steps": row["max_steps"],
+            **temperature,
+        }
+
+    best_overrides = overrides_of(best)
     full_kaggle = None
     if kaggle is not None and kaggle_subset is not kaggle:  # the best setting on the whole file
         big = kaggle
@@ -194,12 +198,7 @@ def main():
             if fastest is not best:
                 timed.append(fastest)
         for setting in timed:
-            overrides = {
-                "selection": setting["selection"],
-                "selection_kwargs": setting["kwargs"],
-                "num_steps": setting["max_steps"],
-                **temperature,
-            }
+            overrides = overrides_of(setting)
             for batch, count in ((1, 20), (100, 300)):
                 d, a = [], []
                 for _ in range(2):

@@ -596,6 +596,11 @@ def solve_sudoku(
 
     Row i's randomness is fold_in(key(seed), i), so a puzzle's answer does not depend on the batch it is in. The
     last batch is padded with inactive rows so that every batch has one compiled shape.
+
+    `sampler.repair_rounds` = R > 0 (in place and canvas layouts): after the decode, every non-given cell that repeats
+    a digit in its row, column or box is blanked and the blanks are decoded again with the other cells held, for up
+    to R rounds; a complete grid without a conflict that keeps a unique puzzle's givens is its solution, so this
+    spends more passes only where the answer is certainly wrong. `steps` counts every round's passes.
     """
     import time
 
@@ -609,20 +614,20 @@ def solve_sudoku(
     vocab = exp.tokenizer
     n = len(puzzles)
     b = max(1, min(int(batch_size), n))
-    all_keys = row_keys(jax.random.key(seed), n + b)
+    all_keys = row_keys(jax.random.key(seed), n)
     if layout == "ar":
         sampling = gen_lib.ARSampling(temperature=float(config.sampler.ar_temperature))
     else:
         sampler = build_sampler(config, exp.process, canvas_length=81, forbidden_tokens=SUDOKU_FORBIDDEN)
     empty_cache = init_cache(exp.model.cfg, b, 1)  # in place: no prefix, every slot invalid
 
-    def run(start: int):
-        chunk = puzzles[start : start + b]
+    def run(chunk: np.ndarray, keys: jax.Array):
+        """Solves up to b puzzles (0 = blank): (grids, steps per row, forward passes of the batch)."""
         real = len(chunk)
         padded = np.concatenate([chunk, np.repeat(chunk[-1:], b - real, axis=0)]) if real < b else chunk
+        keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], b - real, axis=0)]) if real < b else keys
         fixed = jnp.asarray(padded != 0)
         tokens = jnp.asarray(vocab.encode(padded))  # givens as digits, blanks as MASK: the prompt, too
-        keys = all_keys[start : start + b]
         active = jnp.asarray(np.arange(b) < real)
         if layout == "ar":  # prefill the puzzle, then 81 cached decode steps
             out = gen_lib.generate_ar(
@@ -635,8 +640,8 @@ def solve_sudoku(
                 stop_tokens=(),
                 forbidden_tokens=SUDOKU_FORBIDDEN,
             )
-            return out.tokens, np.full((b,), out.forward_passes), out.forward_passes, real
-        if layout == "canvas":  # prefill the puzzle, then one canvas with the givens held (infilling)
+            grids, used, forward_passes = out.tokens, np.full((b,), out.forward_passes), out.forward_passes
+        elif layout == "canvas":  # prefill the puzzle, then one canvas with the givens held (infilling)
             out = gen_lib.generate(
                 exp.model,
                 params,
@@ -648,23 +653,43 @@ def solve_sudoku(
                 fixed=fixed if config.sampler.get("fix_givens", True) else None,
                 fixed_tokens=tokens,
             )
-            return out.tokens, out.steps[:, 0] + 1, out.forward_passes, real  # + 1: the prompt's prefill
-        canvas = sampler.initial_canvas(keys, b, fixed=fixed, fixed_tokens=tokens)
-        result = denoise_canvas(
-            exp.model, params, empty_cache, canvas, keys, sampler=sampler, fixed=fixed, active=active
-        )
-        return result.canvas, result.steps, result.forward_passes, real
+            grids, used, forward_passes = out.tokens, out.steps[:, 0] + 1, out.forward_passes  # + 1: the prefill
+        else:
+            canvas = sampler.initial_canvas(keys, b, fixed=fixed, fixed_tokens=tokens)
+            result = denoise_canvas(
+                exp.model, params, empty_cache, canvas, keys, sampler=sampler, fixed=fixed, active=active
+            )
+            grids, used, forward_passes = result.canvas, result.steps, result.forward_passes
+        return vocab.decode(np.asarray(grids)[:real]), np.asarray(used)[:real], int(forward_passes)
 
-    run(0)  # compile (and warm up) outside the timed loop
-    preds, steps, passes = [], [], 0
+    def solve_all(grids: np.ndarray, keys: Array):
+        out, used, passes = [], [], 0
+        for start in range(0, len(grids), b):
+            chunk_out, chunk_used, chunk_passes = run(grids[start : start + b], keys[start : start + b])
+            out.append(chunk_out)
+            used.append(chunk_used)
+            passes += chunk_passes
+        return np.concatenate(out), np.concatenate(used), passes
+
+    rounds = int(config.sampler.get("repair_rounds", 0))
+    if rounds and layout == "ar":
+        raise ValueError("sampler.repair_rounds re-decodes cells in place; the AR layout has no such sampler.")
+    run(puzzles[:b], all_keys[:b])  # compile (and warm up) outside the timed loop
     start_time = time.perf_counter()
-    for start in range(0, n, b):
-        grids, used, forward_passes, real = run(start)
-        preds.append(vocab.decode(np.asarray(grids)[:real]))
-        steps.append(np.asarray(used)[:real])
-        passes += int(forward_passes)
+    preds, steps, passes = solve_all(puzzles, all_keys)
+    for round_index in range(rounds):
+        # Repair (more compute at inference): blank every non-given cell that repeats a digit in its row, column or
+        # box and re-decode those cells with the rest held; rows without a conflict are final.
+        bad = sudoku_lib.conflicting_cells(preds) & (puzzles == 0)
+        todo = np.flatnonzero(bad.any(axis=-1))
+        if not len(todo):
+            break
+        round_keys = row_keys(jax.random.fold_in(jax.random.key(seed), round_index + 1), n)[todo]
+        fixed_preds, fixed_steps, round_passes = solve_all(np.where(bad[todo], 0, preds[todo]), round_keys)
+        preds[todo], steps[todo] = fixed_preds, steps[todo] + fixed_steps
+        passes += round_passes
     seconds = time.perf_counter() - start_time
-    return SudokuSolution(np.concatenate(preds), np.concatenate(steps), seconds, passes)
+    return SudokuSolution(preds, steps, seconds, passes)
 
 
 def evaluate_sudoku(

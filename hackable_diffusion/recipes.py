@@ -41,7 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
             excluded_ids=(0, 1, 2, 3),  # ids uniform noise never produces (PAD, EOS, BOS, MASK); () = the reference
             objective="pretrain",
             canvas_len=32,  # 0 = one canvas per sequence (MD4/MDLM)
-            loss="elbo",  # "elbo" | "canvas_ce"
+            loss="elbo",  # "elbo" | "canvas_ce" | "masked_ce" (masking only)
             time_sampler="antithetic",  # "uniform" | "antithetic" | "clipped_uniform"
             t_min=0.0,
             t_max=1.0,
@@ -91,6 +91,7 @@ def base_config() -> ml_collections.ConfigDict:
             max_new_tokens=128,
             prompt="ROMEO:",
             ar_temperature=0.8,
+            repair_rounds=0,  # Sudoku only: re-decode cells that break a rule, up to this many rounds
         )
     )
     return c

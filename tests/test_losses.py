@@ -201,6 +201,22 @@ def test_canvas_cross_entropy_by_hand():
     np.testing.assert_allclose(unmasked[1], (math.log(5) + math.log(1 / 0.6) + math.log(1 / 0.7)) / 3, rtol=1e-6)
 
 
+def test_masked_token_cross_entropy_is_the_pooled_mean_over_masked_positions():
+    # vocab [a, b, MASK]; mask_id 2. Row 0 has two masked positions, row 1 one, row 2 none.
+    probs = jnp.array([0.25, 0.75, 0.0])
+    logits = jnp.broadcast_to(jnp.log(probs + 1e-30), (3, 3, 3)).at[..., 2].set(5.0)  # mask logit is dropped
+    x0 = jnp.array([[1, 0, 1], [0, 1, 1], [0, 0, 1]])
+    xt = jnp.array([[2, 2, 1], [2, 1, 1], [0, 0, 1]])
+    got = L.masked_token_cross_entropy(logits, x0, xt, mask_id=2)
+    pooled = (math.log(4 / 3) + math.log(4) + math.log(4)) / 3
+    np.testing.assert_allclose(jnp.mean(got), pooled, rtol=1e-5)
+    np.testing.assert_allclose(got[2], 0.0)
+    # The loss mask removes a masked position from both the sum and the count.
+    keep = jnp.array([[True, False, True], [True, True, True], [True, True, True]])
+    got = L.masked_token_cross_entropy(logits, x0, xt, mask_id=2, loss_mask=keep)
+    np.testing.assert_allclose(jnp.mean(got), (math.log(4 / 3) + math.log(4)) / 2, rtol=1e-5)
+
+
 def test_autoregressive_cross_entropy_by_hand():
     probs = jnp.array([[[0.1, 0.6, 0.3], [0.2, 0.2, 0.6], [0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]]])
     tokens = jnp.array([[0, 1, 2, 0]])

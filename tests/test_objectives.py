@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from hackable_diffusion.data.canvas import CanvasChunker, collate_examples
 from hackable_diffusion.diffusion import objectives as O
@@ -138,3 +139,25 @@ def test_one_canvas_pretrain_and_ar_objectives():
     want = -jnp.mean(jnp.take_along_axis(logp, x0[:, 1:, None], -1))
     np.testing.assert_allclose(ar["ar_loss"], want, rtol=1e-5)
     np.testing.assert_allclose(ar["nll_bits_per_token"], want / np.log(2), rtol=1e-5)
+
+
+def test_masked_ce_loss_is_the_pooled_masked_cross_entropy_and_needs_masking():
+    model, params = tiny_model()
+    x0 = jax.random.randint(jax.random.key(1), (4, 8), 4, V)
+    objective = O.DiffusionPretrainObjective(model, masking(), loss="masked_ce")
+    loss, m = objective(params, {"tokens": x0}, jax.random.key(0))
+    # Same rng split as the objective: times, then the corruption.
+    t_key, noise_key, _ = jax.random.split(jax.random.key(0), 3)
+    t = objective.time_sampler(t_key, 4)
+    xt, _ = masking().corrupt(noise_key, x0, t, fixed=jnp.zeros((4, 8), bool))
+    logits, _ = T.forward(model, params, xt, causal=False)
+    logp = jax.nn.log_softmax(logits.at[..., 3].set(-jnp.inf), -1)
+    nll = -jnp.take_along_axis(logp, x0[..., None], -1)[..., 0]
+    masked = xt == 3
+    np.testing.assert_allclose(loss, jnp.sum(jnp.where(masked, nll, 0.0)) / jnp.sum(masked), rtol=1e-5)
+    assert m["elbo_bits_per_token"] > 0  # the ELBO is still reported
+    uniform = O.DiffusionPretrainObjective(
+        model, UniformProcess(vocab_size=V, schedule=LinearSchedule()), loss="masked_ce"
+    )
+    with pytest.raises(ValueError, match="masking process"):
+        uniform(params, {"tokens": x0}, jax.random.key(0))

@@ -300,6 +300,41 @@ def test_validity_token_and_structure_helpers(kaggle):
         assert sorted(kinds) in ([1, 3, 9], [1, 3, 3])  # a row: 1 row, 9 cols, 3 boxes; a box: 3 rows, 3 cols, 1
 
 
+def _conflicts_slow(grid):
+    grid = grid.reshape(9, 9)
+    out = np.zeros((9, 9), bool)
+    for r in range(9):
+        for c in range(9):
+            d = grid[r, c]
+            if d == 0:
+                continue
+            for r2 in range(9):
+                for c2 in range(9):
+                    same_unit = r2 == r or c2 == c or (r2 // 3 == r // 3 and c2 // 3 == c // 3)
+                    if (r2, c2) != (r, c) and same_unit and grid[r2, c2] == d:
+                        out[r, c] = True
+    return out.ravel()
+
+
+def test_conflicting_cells_match_a_slow_reference(kaggle):
+    rng = np.random.default_rng(0)
+    s, p = kaggle["solutions"][1], kaggle["puzzles"][1]
+    assert not sudoku.conflicting_cells(s).any() and not sudoku.conflicting_cells(p).any()
+    grids = [s, p]
+    for _ in range(20):  # corrupt a few cells of the solution or of the puzzle, blanks included
+        g = (s if rng.random() < 0.5 else p).copy()
+        cells = rng.choice(81, size=rng.integers(1, 6), replace=False)
+        g[cells] = rng.integers(0, 10, size=len(cells))
+        grids.append(g)
+    grids = np.stack(grids)
+    got = sudoku.conflicting_cells(grids)
+    np.testing.assert_array_equal(got, np.stack([_conflicts_slow(g) for g in grids]))
+    one = s.copy()
+    one[0] = one[1]  # a duplicate in row 0 (and box 0): exactly those two cells plus column 0's holder of that digit
+    column_holder = [c for c in range(9, 81, 9) if s[c] == s[1]]
+    assert set(np.flatnonzero(sudoku.conflicting_cells(one))) == {0, 1, *column_holder}
+
+
 # ------------------------------------------------------------------------------------------------- metrics
 
 

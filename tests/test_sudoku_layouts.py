@@ -153,3 +153,29 @@ def test_generative_perplexity_counts_continuations_only():
     np.testing.assert_allclose(out["gen_ppl"], np.exp(nats / count), rtol=1e-5)
     with pytest.raises(ValueError, match="autoregressive scorer"):
         experiment.generative_perplexity(dataclasses.replace(scorer, process=object()), params, prompts, conts)
+
+
+def test_repair_rounds_redecode_only_conflicting_rows(tmp_path):
+    exp = experiment.build(_tiny("in_place", tmp_path=tmp_path), "unused")
+    params = T.init_params(exp.model, jax.random.key(0))  # untrained: its grids break rules
+    puzzles = exp.data.eval_puzzles[:6]
+    plain = experiment.solve_sudoku(exp, params, puzzles, seed=0, batch_size=4)
+    repaired = experiment.solve_sudoku(
+        exp, params, puzzles, seed=0, batch_size=4, sampler_overrides={"repair_rounds": 2}
+    )
+    clean = ~sudoku_lib.conflicting_cells(plain.predictions).any(axis=-1)
+    assert not clean.all()  # otherwise the test shows nothing
+    np.testing.assert_array_equal(repaired.predictions[clean], plain.predictions[clean])  # final rows untouched
+    np.testing.assert_array_equal(repaired.steps[clean], plain.steps[clean])
+    assert (repaired.steps[~clean] > plain.steps[~clean]).all()  # extra passes are counted per puzzle
+    assert repaired.batch_forward_passes > plain.batch_forward_passes
+    assert sudoku_lib.respects_givens(repaired.predictions, puzzles).all()
+    # A repaired row keeps every cell that did not conflict, unless a later round re-decided it.
+    once = experiment.solve_sudoku(exp, params, puzzles, seed=0, batch_size=4, sampler_overrides={"repair_rounds": 1})
+    kept = ~sudoku_lib.conflicting_cells(plain.predictions)
+    np.testing.assert_array_equal(once.predictions[kept], plain.predictions[kept])
+    ar = experiment.build(_tiny("ar", tmp_path=tmp_path), "unused")
+    with pytest.raises(ValueError, match="repair_rounds"):
+        experiment.solve_sudoku(
+            ar, T.init_params(ar.model, jax.random.key(0)), puzzles, sampler_overrides={"repair_rounds": 1}
+        )

@@ -312,6 +312,26 @@ def canvas_cross_entropy(
     return jnp.sum(jnp.where(positions, nll, 0.0), axis=-1) / jnp.maximum(count, 1)
 
 
+def masked_token_cross_entropy(
+    logits: Float[Array, "b l V"],
+    x0: Int[Array, "b l"],
+    xt: Int[Array, "b l"],
+    mask_id: int,
+    loss_mask: Bool[Array, "b l"] | None = None,
+) -> Float[Array, "b"]:
+    """Unweighted CE over the masked positions, pooled over the batch (MaskGIT-style; no 1/t weight).
+
+    Returns per-example sums scaled so that their mean is the batch's mean CE per masked position: an example counts
+    in proportion to how many of its positions are masked, so heavily masked states (the start of decoding) weigh
+    more than under the ELBO, whose per-position weight is the same at every t in expectation.
+    """
+    positions = _positions(loss_mask, x0.shape) & (xt == mask_id)
+    logits = logits.astype(_float_dtype(logits)).at[..., mask_id].set(-jnp.inf)
+    nll = -_at_tokens(jax.nn.log_softmax(logits, axis=-1), x0)
+    summed = jnp.sum(jnp.where(positions, nll, 0.0), axis=-1)
+    return summed * x0.shape[0] / jnp.maximum(jnp.sum(positions), 1)
+
+
 def autoregressive_cross_entropy(
     logits: Float[Array, "b l V"],
     tokens: Int[Array, "b l"],

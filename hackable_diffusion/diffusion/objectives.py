@@ -20,7 +20,8 @@ Diffusion losses (`loss=`): "elbo" is the continuous-time NELBO integrand of the
 uniform: `losses.uniform_elbo`), a bound in nats that is reported in bits per token; "canvas_ce" is DiffusionGemma's
 unweighted cross-entropy over every position of the canvas (no time weighting, EOS fill included). Whatever the
 training loss, the metrics carry the ELBO of the same forward pass (`elbo_bits_per_token`), so uniform models trained
-with canvas CE still report a likelihood bound.
+with canvas CE still report a likelihood bound. "masked_ce" (masking only) is the unweighted CE over the masked
+positions pooled over the batch (MaskGIT-style), which weighs heavily masked examples more than the ELBO does.
 
 Self-conditioning (`self_condition_prob` > 0, model built with `self_conditioning=True`, §1.7): a first decoder
 pass with the null signal, then a second pass whose signal is the first pass's (stop-gradient, raw) logits with
@@ -39,13 +40,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from hackable_diffusion.diffusion import losses
-from hackable_diffusion.diffusion.processes import NoiseProcess
+from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess
 from hackable_diffusion.diffusion.schedules import UniformTimeSampler
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 
 Metrics = dict[str, Array]
-LOSSES = ("elbo", "canvas_ce")
+LOSSES = ("elbo", "canvas_ce", "masked_ce")
 
 
 def _check_loss(loss: str):
@@ -74,6 +75,10 @@ def _diffusion_loss(loss: str, process: NoiseProcess, logits, x0, xt, t, loss_ma
     if loss == "elbo":
         per_token = elbo / jnp.maximum(jnp.sum(loss_mask, axis=-1), 1)
         return per_token, elbo
+    if loss == "masked_ce":
+        if not isinstance(process, MaskingProcess):
+            raise ValueError(f"loss='masked_ce' needs the masking process, not {type(process).__name__}.")
+        return losses.masked_token_cross_entropy(logits, x0, xt, process.mask_id, loss_mask), elbo
     return losses.canvas_cross_entropy(logits, x0, loss_mask), elbo
 
 

@@ -672,6 +672,12 @@ def solve_sudoku(
         return np.concatenate(out), np.concatenate(used), passes
 
     rounds = int(config.sampler.get("repair_rounds", 0))
+    scope = str(config.sampler.get("repair_scope", "cells"))
+    if scope not in ("cells", "units"):
+        raise ValueError(
+            f"sampler.repair_scope={scope!r} must be 'cells' (the repeated digits) or 'units' (their rows, "
+            "columns and boxes)."
+        )
     if rounds and layout == "ar":
         raise ValueError("sampler.repair_rounds re-decodes cells in place; the AR layout has no such sampler.")
     run(puzzles[:b], all_keys[:b])  # compile (and warm up) outside the timed loop
@@ -680,7 +686,7 @@ def solve_sudoku(
     for round_index in range(rounds):
         # Repair (more compute at inference): blank every non-given cell that repeats a digit in its row, column or
         # box and re-decode those cells with the rest held; rows without a conflict are final.
-        bad = sudoku_lib.conflicting_cells(preds) & (puzzles == 0)
+        bad = sudoku_lib.conflicting_cells(preds, whole_units=scope == "units") & (puzzles == 0)
         todo = np.flatnonzero(bad.any(axis=-1))
         if not len(todo):
             break

@@ -92,6 +92,7 @@ def base_config() -> ml_collections.ConfigDict:
             prompt="ROMEO:",
             ar_temperature=0.8,
             repair_rounds=0,  # Sudoku only: re-decode cells that break a rule, up to this many rounds
+            repair_scope="cells",  # "cells": the repeated digits; "units": every cell of their rows/columns/boxes
         )
     )
     return c

@@ -333,6 +333,10 @@ def test_conflicting_cells_match_a_slow_reference(kaggle):
     one[0] = one[1]  # a duplicate in row 0 (and box 0): exactly those two cells plus column 0's holder of that digit
     column_holder = [c for c in range(9, 81, 9) if s[c] == s[1]]
     assert set(np.flatnonzero(sudoku.conflicting_cells(one))) == {0, 1, *column_holder}
+    # whole_units: every cell of row 0, column 0 and box 0 (the units holding a repeat): 9 + 9 + 9 - 1 - 3 - 3 + 1
+    units = sudoku.conflicting_cells(one, whole_units=True)
+    want = {c for c in range(81) if c // 9 == 0 or c % 9 == 0 or (c // 27 == 0 and c % 9 < 3)}
+    assert set(np.flatnonzero(units)) == want and len(want) == 21
 
 
 # ------------------------------------------------------------------------------------------------- metrics

@@ -174,6 +174,13 @@ def test_repair_rounds_redecode_only_conflicting_rows(tmp_path):
     once = experiment.solve_sudoku(exp, params, puzzles, seed=0, batch_size=4, sampler_overrides={"repair_rounds": 1})
     kept = ~sudoku_lib.conflicting_cells(plain.predictions)
     np.testing.assert_array_equal(once.predictions[kept], plain.predictions[kept])
+    units = experiment.solve_sudoku(
+        exp, params, puzzles, seed=0, batch_size=4, sampler_overrides={"repair_rounds": 1, "repair_scope": "units"}
+    )
+    assert sudoku_lib.respects_givens(units.predictions, puzzles).all()
+    np.testing.assert_array_equal(units.predictions[clean], plain.predictions[clean])
+    with pytest.raises(ValueError, match="repair_scope"):
+        experiment.solve_sudoku(exp, params, puzzles, sampler_overrides={"repair_rounds": 1, "repair_scope": "rows"})
     ar = experiment.build(_tiny("ar", tmp_path=tmp_path), "unused")
     with pytest.raises(ValueError, match="repair_rounds"):
         experiment.solve_sudoku(

@@ -566,8 +566,9 @@ def is_valid_solution(grid: Int[np.ndarray, "*b 81"]) -> Bool[np.ndarray, "*b"]:
     return np.all(units == np.arange(1, 10), axis=(-2, -1))
 
 
-def conflicting_cells(grid: Int[np.ndarray, "*b 81"]) -> Bool[np.ndarray, "*b 81"]:
-    """True at each filled cell whose digit appears again in the cell's row, column or box (blanks never conflict).
+def conflicting_cells(grid: Int[np.ndarray, "*b 81"], *, whole_units: bool = False) -> Bool[np.ndarray, "*b 81"]:
+    """True at each filled cell whose digit appears again in the cell's row, column or box (blanks never conflict);
+    with `whole_units`, at every cell of a row, column or box that holds a repeated digit.
 
     A complete grid that keeps a unique puzzle's givens and has no conflict is that puzzle's solution, so these are
     the cells a solver can re-decide without knowing the answer.
@@ -576,6 +577,8 @@ def conflicting_cells(grid: Int[np.ndarray, "*b 81"]) -> Bool[np.ndarray, "*b 81
     units = g[..., UNITS]  # (*b, 27, 9)
     digit_counts = (units[..., None] == np.arange(1, 10)).sum(axis=-2)  # (*b, 27, 9 digits)
     repeated = (units > 0) & (np.take_along_axis(digit_counts, np.clip(units - 1, 0, 8), axis=-1) > 1)
+    if whole_units:
+        repeated = np.broadcast_to(repeated.any(axis=-1, keepdims=True), repeated.shape)
     out = np.zeros(g.shape, bool)
     for u, cells in enumerate(UNITS):
         out[..., cells] |= repeated[..., u, :]

@@ -185,7 +185,6 @@ def main():
     # Speed: the best <= 12-pass diffusion setting on (a) vs AR, side by side (interleaved), batch 1 and 100.
     cheap = [r for r in rows if r["a_30_36"]["forward_passes_per_puzzle"] <= 12.0]
     best = max(cheap or rows, key=lambda r: (r["a_30_36"]["accuracy"], r["b_24_29"]["accuracy"]))
-
     best_overrides = overrides_of(best)
     full_kaggle = None
     if kaggle is not None and kaggle_subset is not kaggle:  # the best setting on the whole file

@@ -611,6 +611,15 @@ def solve_sudoku(
         raise ValueError(f"puzzles must be a non-empty (n, 81) array, got shape {puzzles.shape}.")
     layout = sudoku_format(exp.config)
     config = with_sampler_overrides(exp.config, sampler_overrides or {})
+    rounds = int(config.sampler.get("repair_rounds", 0))
+    scope = str(config.sampler.get("repair_scope", "cells"))
+    if scope not in ("cells", "units"):
+        raise ValueError(
+            f"sampler.repair_scope={scope!r} must be 'cells' (the repeated digits) or 'units' (their rows, "
+            "columns and boxes)."
+        )
+    if rounds and layout == "ar":
+        raise ValueError("sampler.repair_rounds re-decodes cells in place; the AR layout has no such sampler.")
     vocab = exp.tokenizer
     n = len(puzzles)
     b = max(1, min(int(batch_size), n))
@@ -662,7 +671,7 @@ def solve_sudoku(
             grids, used, forward_passes = result.canvas, result.steps, result.forward_passes
         return vocab.decode(np.asarray(grids)[:real]), np.asarray(used)[:real], int(forward_passes)
 
-    def solve_all(grids: np.ndarray, keys: Array):
+    def solve_all(grids: np.ndarray, keys: jax.Array):
         out, used, passes = [], [], 0
         for start in range(0, len(grids), b):
             chunk_out, chunk_used, chunk_passes = run(grids[start : start + b], keys[start : start + b])
@@ -671,15 +680,6 @@ def solve_sudoku(
             passes += chunk_passes
         return np.concatenate(out), np.concatenate(used), passes
 
-    rounds = int(config.sampler.get("repair_rounds", 0))
-    scope = str(config.sampler.get("repair_scope", "cells"))
-    if scope not in ("cells", "units"):
-        raise ValueError(
-            f"sampler.repair_scope={scope!r} must be 'cells' (the repeated digits) or 'units' (their rows, "
-            "columns and boxes)."
-        )
-    if rounds and layout == "ar":
-        raise ValueError("sampler.repair_rounds re-decodes cells in place; the AR layout has no such sampler.")
     run(puzzles[:b], all_keys[:b])  # compile (and warm up) outside the timed loop
     start_time = time.perf_counter()
     preds, steps, passes = solve_all(puzzles, all_keys)

@@ -126,6 +126,14 @@ def bits_per_token(nats_per_example: Float[Array, "b"], tokens_per_example: Int[
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _masked_nll(logits, x0, xt, mask_id: int, loss_mask):
+    """Per example: the NLL of x0 summed over the masked loss positions (mask logit dropped, SUBS), and their count."""
+    positions = _positions(loss_mask, x0.shape) & (xt == mask_id)
+    logits = logits.astype(_float_dtype(logits)).at[..., mask_id].set(-jnp.inf)
+    nll = -_at_tokens(jax.nn.log_softmax(logits, axis=-1), x0)
+    return jnp.sum(jnp.where(positions, nll, 0.0), axis=-1), jnp.sum(positions, axis=-1)
+
+
 def masking_elbo_weight(schedule: Schedule, t: Float[Array, "b"]) -> Float[Array, "b"]:
     """-alpha'(t) / (1 - alpha(t)): 1/t for the unclipped linear schedule."""
     return -schedule.alpha_prime(t) / (1.0 - schedule.alpha(t))
@@ -147,10 +155,7 @@ def masking_elbo(
     _check_elbo_inputs(logits, x0, xt, t)
     if not 0 <= mask_id < logits.shape[-1]:
         raise ValueError(f"mask_id={mask_id} is not a class of the logits (V={logits.shape[-1]}).")
-    positions = _positions(loss_mask, x0.shape) & (xt == mask_id)
-    logits = logits.astype(_float_dtype(logits)).at[..., mask_id].set(-jnp.inf)
-    nll = -_at_tokens(jax.nn.log_softmax(logits, axis=-1), x0)
-    summed = jnp.sum(jnp.where(positions, nll, 0.0), axis=-1)
+    summed, _ = _masked_nll(logits, x0, xt, mask_id, loss_mask)
     return masking_elbo_weight(schedule, t) * summed
 
 
@@ -325,11 +330,8 @@ def masked_token_cross_entropy(
     in proportion to how many of its positions are masked, so heavily masked states (the start of decoding) weigh
     more than under the ELBO, whose per-position weight is the same at every t in expectation.
     """
-    positions = _positions(loss_mask, x0.shape) & (xt == mask_id)
-    logits = logits.astype(_float_dtype(logits)).at[..., mask_id].set(-jnp.inf)
-    nll = -_at_tokens(jax.nn.log_softmax(logits, axis=-1), x0)
-    summed = jnp.sum(jnp.where(positions, nll, 0.0), axis=-1)
-    return summed * x0.shape[0] / jnp.maximum(jnp.sum(positions), 1)
+    summed, count = _masked_nll(logits, x0, xt, mask_id, loss_mask)
+    return summed * x0.shape[0] / jnp.maximum(jnp.sum(count), 1)
 
 
 def autoregressive_cross_entropy(

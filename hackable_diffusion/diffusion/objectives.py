@@ -49,9 +49,11 @@ Metrics = dict[str, Array]
 LOSSES = ("elbo", "canvas_ce", "masked_ce")
 
 
-def _check_loss(loss: str):
+def _check_loss(loss: str, process: NoiseProcess):
     if loss not in LOSSES:
         raise ValueError(f"Unknown diffusion loss {loss!r}; choose one of {LOSSES}.")
+    if loss == "masked_ce" and not isinstance(process, MaskingProcess):
+        raise ValueError(f"loss='masked_ce' needs the masking process, not {type(process).__name__}.")
 
 
 def _decoder_with_self_conditioning(
@@ -76,8 +78,6 @@ def _diffusion_loss(loss: str, process: NoiseProcess, logits, x0, xt, t, loss_ma
         per_token = elbo / jnp.maximum(jnp.sum(loss_mask, axis=-1), 1)
         return per_token, elbo
     if loss == "masked_ce":
-        if not isinstance(process, MaskingProcess):
-            raise ValueError(f"loss='masked_ce' needs the masking process, not {type(process).__name__}.")
         return losses.masked_token_cross_entropy(logits, x0, xt, process.mask_id, loss_mask), elbo
     return losses.canvas_cross_entropy(logits, x0, loss_mask), elbo
 
@@ -96,7 +96,7 @@ class DiffusionPretrainObjective:
     null_signal: str = "zeros"
 
     def __post_init__(self):
-        _check_loss(self.loss)
+        _check_loss(self.loss, self.process)
         if self.canvas_len is None and self.encoder_ar_weight:
             raise ValueError(
                 "encoder_ar_weight needs block diffusion (canvas_len): one-canvas training has no encoder."
@@ -208,7 +208,7 @@ class CanvasSFTObjective:
     null_signal: str = "mean_embedding"
 
     def __post_init__(self):
-        _check_loss(self.loss)
+        _check_loss(self.loss, self.process)
 
     def pieces(
         self, params, batch: dict[str, Array], rng: jax.Array, selected: Int[Array, "b"] | None = None

@@ -41,6 +41,9 @@ def define_flags():
     flags.DEFINE_integer("repeats", 1, "Monte-Carlo passes over the split (diffusion ELBO).")
     flags.DEFINE_integer("num_samples", 0, "Also generate and print this many samples.")
     flags.DEFINE_integer("seed", 0, "Seed for the noise levels and samples.")
+    flags.DEFINE_enum(
+        "weights", "ema", ["ema", "raw"], "ema: the run's EMA weights when it kept them; raw: the trained weights."
+    )
     flags.DEFINE_string(
         "scorer_workdir", None, "likelihood: an autoregressive run that scores the samples (generative perplexity)."
     )
@@ -68,6 +71,7 @@ def likelihood(
     scorer_workdir: str | None = None,
     max_new_tokens: int = 0,
     sampler: list[str] | None = None,
+    weights: str = "ema",
 ) -> dict:
     import dataclasses
 
@@ -80,7 +84,8 @@ def likelihood(
     overrides = parse_overrides(sampler)
     if overrides:
         exp = dataclasses.replace(exp, config=exp_lib.with_sampler_overrides(exp.config, overrides))
-    params, step = exp_lib.load_params(exp, workdir)
+    weights_used = _weights_used(exp, weights)  # checks the value before loading
+    params, step = exp_lib.load_params(exp, workdir, use_ema=weights_used == "ema")
     start = time.perf_counter()
     runs = [
         exp_lib.evaluate_likelihood(
@@ -92,6 +97,7 @@ def likelihood(
         "task": "likelihood",
         "workdir": workdir,
         "checkpoint_step": step,
+        "weights": weights_used,
         "model": "autoregressive" if exp.is_autoregressive else f"diffusion/{exp.config.diffusion.process}",
         "bound": "exact NLL" if exp.is_autoregressive else "ELBO (upper bound on NLL)",
     }
@@ -170,6 +176,13 @@ SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every res
     "score_temperature",
     "early_stopping",
 )
+SUDOKU_REPORT_KEYS = ("repair_rounds", "repair_scope", "restarts", "restart_temperature", "restart_selection_kwargs")
+
+
+def _weights_used(exp, weights: str) -> str:
+    if weights not in ("ema", "raw"):
+        raise ValueError(f"weights={weights!r} must be 'ema' or 'raw'.")
+    return "ema" if weights == "ema" and exp.config.train.ema_decay > 0 else "raw"
 
 
 def _training_puzzle_overlap(config, puzzles):
@@ -194,7 +207,14 @@ def _training_puzzle_overlap(config, puzzles):
 
 
 def sudoku(
-    workdir: str, data: str, *, limit: int = 0, batch_size: int = 0, seed: int = 0, sampler: list[str] | None = None
+    workdir: str,
+    data: str,
+    *,
+    limit: int = 0,
+    batch_size: int = 0,
+    seed: int = 0,
+    sampler: list[str] | None = None,
+    weights: str = "ema",
 ) -> dict:
     from hackable_diffusion import experiment as exp_lib
 
@@ -202,7 +222,8 @@ def sudoku(
     exp = exp_lib.from_workdir(workdir)
     if exp.config.data.task != "sudoku":
         raise ValueError(f"{workdir} is a {exp.config.data.task!r} run; --task sudoku needs a Sudoku run.")
-    params, step = exp_lib.load_params(exp, workdir)
+    weights_used = _weights_used(exp, weights)  # checks the value before loading
+    params, step = exp_lib.load_params(exp, workdir, use_ema=weights_used == "ema")
     puzzles = load_sudoku_puzzles(data, train_seed=int(exp.config.data.generator_seed), limit=limit)
     seen = _training_puzzle_overlap(exp.config, puzzles["puzzles"])
     if seen is not None and seen.any():  # a generated held-out puzzle that training saw is no test: drop it
@@ -223,8 +244,9 @@ def sudoku(
         "workdir": workdir,
         "data": data,
         "checkpoint_step": step,
+        "weights": weights_used,
         "dropped_as_in_training": None if seen is None else int(seen.sum()),
-        "sampler": {k: config.sampler[k] for k in SAMPLER_REPORT_KEYS},
+        "sampler": {k: config.sampler[k] for k in SAMPLER_REPORT_KEYS + SUDOKU_REPORT_KEYS},
     }
     return {**head, **scores}
 
@@ -245,6 +267,7 @@ def main(argv):
                 batch_size=FLAGS.batch_size,
                 seed=FLAGS.seed,
                 sampler=FLAGS.sampler,
+                weights=FLAGS.weights,
             )
         else:
             result = likelihood(
@@ -257,6 +280,7 @@ def main(argv):
                 scorer_workdir=FLAGS.scorer_workdir,
                 max_new_tokens=FLAGS.max_new_tokens,
                 sampler=FLAGS.sampler,
+                weights=FLAGS.weights,
             )
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax import Array
 from jaxtyping import Bool, Int
 
 from hackable_diffusion.data import sudoku as sudoku_lib
@@ -36,14 +37,13 @@ from hackable_diffusion.diffusion import objectives as obj_lib
 from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import TIME_SAMPLERS, make_schedule
 from hackable_diffusion.models import transformer as T
+from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.sampling import generate as gen_lib
-from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.sampling.canvas import DiffusionSampler, denoise_canvas, row_keys
 from hackable_diffusion.sampling.early_stopping import make_early_stopping
 from hackable_diffusion.sampling.selection import make_selection
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sudoku: vocabulary, data, iterator
@@ -601,6 +601,13 @@ def solve_sudoku(
     a digit in its row, column or box is blanked and the blanks are decoded again with the other cells held, for up
     to R rounds; a complete grid without a conflict that keeps a unique puzzle's givens is its solution, so this
     spends more passes only where the answer is certainly wrong. `steps` counts every round's passes.
+
+    `sampler.restarts` = K > 0 (any layout; more compute at inference, verifier-guided): a row whose grid still breaks
+    a rule after its repairs is solved again from the puzzle, with fresh randomness and tokens drawn at
+    `sampler.restart_temperature` (at the first attempt's temperature the model would mostly repeat itself) and the
+    selection arguments merged with `sampler.restart_selection_kwargs` (e.g. Gumbel noise on the ranking), up to K
+    times; the first rule-abiding attempt is kept, otherwise the attempt with the fewest conflicting cells. Rows
+    that abide by the rules are never touched, and every attempt's passes count.
     """
     import time
 
@@ -620,17 +627,43 @@ def solve_sudoku(
         )
     if rounds and layout == "ar":
         raise ValueError("sampler.repair_rounds re-decodes cells in place; the AR layout has no such sampler.")
+    restarts = int(config.sampler.get("restarts", 0))
+    restart_temperature = float(config.sampler.get("restart_temperature", 1.0))
+    if restarts < 0 or rounds < 0:
+        raise ValueError(f"sampler.restarts={restarts} and sampler.repair_rounds={rounds} must be >= 0.")
+    if restarts and restart_temperature <= 0:
+        raise ValueError(
+            f"sampler.restart_temperature={restart_temperature} must be > 0: a restart needs fresh randomness."
+        )
     vocab = exp.tokenizer
     n = len(puzzles)
     b = max(1, min(int(batch_size), n))
-    all_keys = row_keys(jax.random.key(seed), n)
-    if layout == "ar":
-        sampling = gen_lib.ARSampling(temperature=float(config.sampler.ar_temperature))
-    else:
-        sampler = build_sampler(config, exp.process, canvas_length=81, forbidden_tokens=SUDOKU_FORBIDDEN)
+
+    def make_decoder(cfg):
+        if layout == "ar":
+            return gen_lib.ARSampling(temperature=float(cfg.sampler.ar_temperature))
+        return build_sampler(cfg, exp.process, canvas_length=81, forbidden_tokens=SUDOKU_FORBIDDEN)
+
+    first_decoder = make_decoder(config)
+    restart_decoder = None
+    if restarts:
+        hot = {"ar_temperature": restart_temperature}
+        if layout != "ar":
+            hot = {"min_temperature": restart_temperature, "max_temperature": restart_temperature}
+            extra = str(config.sampler.get("restart_selection_kwargs", "") or "")
+            if extra:  # e.g. Gumbel noise on the ranking scores: attempts that differ in the order cells are decided
+                try:
+                    merged = {**json.loads(config.sampler.selection_kwargs or "{}"), **json.loads(extra)}
+                except json.JSONDecodeError as err:
+                    raise ValueError(
+                        f"sampler.restart_selection_kwargs={extra!r} must be a JSON object, e.g. "
+                        """'{"gumbel_scale": 0.1}'"""
+                    ) from err
+                hot["selection_kwargs"] = json.dumps(merged)
+        restart_decoder = make_decoder(with_sampler_overrides(config, hot))
     empty_cache = init_cache(exp.model.cfg, b, 1)  # in place: no prefix, every slot invalid
 
-    def run(chunk: np.ndarray, keys: jax.Array):
+    def run(chunk: np.ndarray, keys: jax.Array, decoder):
         """Solves up to b puzzles (0 = blank): (grids, steps per row, forward passes of the batch)."""
         real = len(chunk)
         padded = np.concatenate([chunk, np.repeat(chunk[-1:], b - real, axis=0)]) if real < b else chunk
@@ -645,7 +678,7 @@ def solve_sudoku(
                 tokens,
                 key=keys,
                 max_new_tokens=81,
-                sampling=sampling,
+                sampling=decoder,
                 stop_tokens=(),
                 forbidden_tokens=SUDOKU_FORBIDDEN,
             )
@@ -655,7 +688,7 @@ def solve_sudoku(
                 exp.model,
                 params,
                 tokens,
-                sampler=sampler,
+                sampler=decoder,
                 key=keys,
                 max_new_tokens=81,
                 stop_tokens=(),
@@ -664,36 +697,59 @@ def solve_sudoku(
             )
             grids, used, forward_passes = out.tokens, out.steps[:, 0] + 1, out.forward_passes  # + 1: the prefill
         else:
-            canvas = sampler.initial_canvas(keys, b, fixed=fixed, fixed_tokens=tokens)
+            canvas = decoder.initial_canvas(keys, b, fixed=fixed, fixed_tokens=tokens)
             result = denoise_canvas(
-                exp.model, params, empty_cache, canvas, keys, sampler=sampler, fixed=fixed, active=active
+                exp.model, params, empty_cache, canvas, keys, sampler=decoder, fixed=fixed, active=active
             )
             grids, used, forward_passes = result.canvas, result.steps, result.forward_passes
         return vocab.decode(np.asarray(grids)[:real]), np.asarray(used)[:real], int(forward_passes)
 
-    def solve_all(grids: np.ndarray, keys: jax.Array):
+    def solve_all(grids: np.ndarray, keys: jax.Array, decoder):
         out, used, passes = [], [], 0
         for start in range(0, len(grids), b):
-            chunk_out, chunk_used, chunk_passes = run(grids[start : start + b], keys[start : start + b])
+            chunk_out, chunk_used, chunk_passes = run(grids[start : start + b], keys[start : start + b], decoder)
             out.append(chunk_out)
             used.append(chunk_used)
             passes += chunk_passes
         return np.concatenate(out), np.concatenate(used), passes
 
-    run(puzzles[:b], all_keys[:b])  # compile (and warm up) outside the timed loop
+    def attempt(rows: np.ndarray, base_key: jax.Array, decoder):
+        """Solves puzzles[rows] and repairs them: (grids, passes per row, batch passes). Row i's keys come from
+        fold_in(base_key, i) (round r of repairs: fold_in(fold_in(base_key, r + 1), i)), whatever `rows` holds."""
+        given = puzzles[rows]
+        preds, steps, passes = solve_all(given, row_keys(base_key, n)[rows], decoder)
+        for round_index in range(rounds):
+            # Repair: blank every non-given cell that repeats a digit in its row, column or box and re-decode those
+            # cells with the rest held; rows without a conflict are final.
+            bad = sudoku_lib.conflicting_cells(preds, whole_units=scope == "units") & (given == 0)
+            todo = np.flatnonzero(bad.any(axis=-1))
+            if not len(todo):
+                break
+            round_keys = row_keys(jax.random.fold_in(base_key, round_index + 1), n)[rows[todo]]
+            fixed_preds, fixed_steps, round_passes = solve_all(np.where(bad[todo], 0, preds[todo]), round_keys, decoder)
+            preds[todo], steps[todo] = fixed_preds, steps[todo] + fixed_steps
+            passes += round_passes
+        return preds, steps, passes
+
+    everything = np.arange(n)
+    run(puzzles[:b], row_keys(jax.random.key(seed), n)[:b], first_decoder)  # compile (and warm up) untimed
+    if restart_decoder is not None:
+        run(puzzles[:b], row_keys(jax.random.key(seed), n)[:b], restart_decoder)
     start_time = time.perf_counter()
-    preds, steps, passes = solve_all(puzzles, all_keys)
-    for round_index in range(rounds):
-        # Repair (more compute at inference): blank every non-given cell that repeats a digit in its row, column or
-        # box and re-decode those cells with the rest held; rows without a conflict are final.
-        bad = sudoku_lib.conflicting_cells(preds, whole_units=scope == "units") & (puzzles == 0)
-        todo = np.flatnonzero(bad.any(axis=-1))
+    preds, steps, passes = attempt(everything, jax.random.key(seed), first_decoder)
+    conflicts = sudoku_lib.conflicting_cells(preds).sum(axis=-1)
+    for restart_index in range(restarts):
+        # Restart (verifier-guided): a grid that breaks a rule is certainly wrong; solve its puzzle again afresh.
+        todo = np.flatnonzero(conflicts > 0)
         if not len(todo):
             break
-        round_keys = row_keys(jax.random.fold_in(jax.random.key(seed), round_index + 1), n)[todo]
-        fixed_preds, fixed_steps, round_passes = solve_all(np.where(bad[todo], 0, preds[todo]), round_keys)
-        preds[todo], steps[todo] = fixed_preds, steps[todo] + fixed_steps
-        passes += round_passes
+        base_key = jax.random.fold_in(jax.random.key(seed), 10_000 + restart_index)
+        new_preds, new_steps, restart_passes = attempt(todo, base_key, restart_decoder)
+        new_conflicts = sudoku_lib.conflicting_cells(new_preds).sum(axis=-1)
+        better = new_conflicts < conflicts[todo]
+        preds[todo[better]], conflicts[todo[better]] = new_preds[better], new_conflicts[better]
+        steps[todo] += new_steps
+        passes += restart_passes
     seconds = time.perf_counter() - start_time
     return SudokuSolution(preds, steps, seconds, passes)
 

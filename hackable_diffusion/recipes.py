@@ -93,6 +93,9 @@ def base_config() -> ml_collections.ConfigDict:
             ar_temperature=0.8,
             repair_rounds=0,  # Sudoku only: re-decode cells that break a rule, up to this many rounds
             repair_scope="cells",  # "cells": the repeated digits; "units": every cell of their rows/columns/boxes
+            restarts=0,  # Sudoku only: solve a grid that still breaks a rule again from the puzzle, up to this many times
+            restart_temperature=1.0,  # token temperature of those fresh attempts (diversity; the first keeps its own)
+            restart_selection_kwargs="",  # JSON merged into selection_kwargs for restarts, e.g. '{"gumbel_scale": 0.1}'
         )
     )
     return c

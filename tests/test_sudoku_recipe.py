@@ -1,6 +1,7 @@
 """Sudoku in place end to end: givens fixed in the objective, the grain iterator, training, solving, the CLI metrics."""
 
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -187,6 +188,37 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
     assert "accuracy_level_easy" in by_level
 
     assert metrics["dropped_as_in_training"] == 0 and by_level["dropped_as_in_training"] == 0
+    raw = evaluate.sudoku(workdir, "generated:30-36:5:7", sampler=["num_steps=3", "restarts=1"], weights="raw")
+    assert raw["weights"] == "raw" and raw["sampler"]["restarts"] == 1
+    assert raw["accuracy"] >= metrics["accuracy"]  # a restart only replaces a grid that breaks a rule
+    with pytest.raises(ValueError, match="weights"):
+        evaluate.sudoku(workdir, "generated:30-36:5:7", weights="average")
+
+    # The sampler table script: a table of two settings, then one more merged into it.
+    import runpy
+    import sys
+
+    script = str(pathlib.Path(__file__).parents[1] / "experiments" / "sudoku_samplers.py")
+    out_dir = tmp_path / "table"
+    common = ["--workdir", workdir, "--ar_workdir", "", "--kaggle", "", "--num", "4", "--out", str(out_dir)]
+    monkeypatch.setattr(sys, "argv", ["sudoku_samplers.py", *common, "--settings", "4,16"])
+    runpy.run_path(script, run_name="__main__")
+    table = json.loads((out_dir / "samplers.json").read_text())
+    assert [(r["sampler"], r["max_steps"], r["restarts"]) for r in table["rows"]] == [
+        ("top-prob. margin", 12, 0),
+        ("margin + 4 restarts", 12, 4),
+    ]
+    monkeypatch.setattr(sys, "argv", ["sudoku_samplers.py", *common, "--settings", "3", "--merge"])
+    runpy.run_path(script, run_name="__main__")
+    merged = json.loads((out_dir / "samplers.json").read_text())
+    assert [r["max_steps"] for r in merged["rows"]] == [12, 12, 6] and "rows added by" in merged["command"]
+    markdown = (out_dir / "samplers.md").read_text()
+    assert "margin + 4 restarts" in markdown and "Restart rows" in markdown and (out_dir / "samplers.png").is_file()
+    monkeypatch.setattr(
+        sys, "argv", ["sudoku_samplers.py", *common[:-4], "--num", "5", "--out", str(out_dir), "--merge"]
+    )
+    with pytest.raises(ValueError, match="same sets"):
+        runpy.run_path(script, run_name="__main__")
 
     # Puzzles of the training set are dropped from an evaluation file.
     config = exp.config

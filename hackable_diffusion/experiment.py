@@ -326,18 +326,25 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     )
 
 
+def _json_object(text: str, key: str) -> dict[str, Any]:
+    """The JSON object in `config.sampler.<key>` ('' = no arguments), or an error that says how to write one."""
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError as err:
+        value = err
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"config.sampler.{key} must be a JSON object like '{{\"gamma\": 0.1}}', got {text!r}"
+            + (f" ({value})." if isinstance(value, json.JSONDecodeError) else ".")
+        )
+    return value
+
+
 def build_sampler(config: ml_collections.ConfigDict, process: NoiseProcess, **overrides: Any) -> DiffusionSampler:
     s = config.sampler
-    try:
-        kwargs = json.loads(s.selection_kwargs) if s.selection_kwargs else {}
-    except json.JSONDecodeError as err:
-        raise ValueError(
-            f"config.sampler.selection_kwargs must be a JSON object like '{{\"gamma\": 0.1}}', got "
-            f"{s.selection_kwargs!r} ({err})."
-        ) from None
     sampler = DiffusionSampler(
         process=process,
-        selection=make_selection(s.selection, **kwargs),
+        selection=make_selection(s.selection, **_json_object(s.selection_kwargs, "selection_kwargs")),
         temperature=AnnealedTemperature(s.min_temperature, s.max_temperature, s.temperature_exponent),
         early_stopping=make_early_stopping(s.early_stopping),
         num_steps=s.num_steps,
@@ -583,6 +590,19 @@ class SudokuSolution:
     batch_forward_passes: int
 
 
+def _restart_overrides(config: ml_collections.ConfigDict, layout: str) -> dict[str, Any]:
+    """Sampler overrides of a restart attempt: tokens at `restart_temperature`; for the diffusion layouts, the
+    selection arguments updated with `restart_selection_kwargs` (e.g. Gumbel noise on the ranking scores, so that the
+    attempt decides cells in another order)."""
+    s = config.sampler
+    temperature = float(s.get("restart_temperature", 1.0))
+    if layout == "ar":
+        return {"ar_temperature": temperature}
+    kwargs = _json_object(s.selection_kwargs, "selection_kwargs")
+    kwargs.update(_json_object(str(s.get("restart_selection_kwargs", "") or ""), "restart_selection_kwargs"))
+    return {"min_temperature": temperature, "max_temperature": temperature, "selection_kwargs": json.dumps(kwargs)}
+
+
 def solve_sudoku(
     exp: Experiment,
     params,
@@ -645,22 +665,9 @@ def solve_sudoku(
         return build_sampler(cfg, exp.process, canvas_length=81, forbidden_tokens=SUDOKU_FORBIDDEN)
 
     first_decoder = make_decoder(config)
-    restart_decoder = None
-    if restarts:
-        hot = {"ar_temperature": restart_temperature}
-        if layout != "ar":
-            hot = {"min_temperature": restart_temperature, "max_temperature": restart_temperature}
-            extra = str(config.sampler.get("restart_selection_kwargs", "") or "")
-            if extra:  # e.g. Gumbel noise on the ranking scores: attempts that differ in the order cells are decided
-                try:
-                    merged = {**json.loads(config.sampler.selection_kwargs or "{}"), **json.loads(extra)}
-                except json.JSONDecodeError as err:
-                    raise ValueError(
-                        f"sampler.restart_selection_kwargs={extra!r} must be a JSON object, e.g. "
-                        """'{"gumbel_scale": 0.1}'"""
-                    ) from err
-                hot["selection_kwargs"] = json.dumps(merged)
-        restart_decoder = make_decoder(with_sampler_overrides(config, hot))
+    restart_decoder = (
+        make_decoder(with_sampler_overrides(config, _restart_overrides(config, layout))) if restarts else None
+    )
     empty_cache = init_cache(exp.model.cfg, b, 1)  # in place: no prefix, every slot invalid
 
     def run(chunk: np.ndarray, keys: jax.Array, decoder):
@@ -731,12 +738,12 @@ def solve_sudoku(
             passes += round_passes
         return preds, steps, passes
 
-    everything = np.arange(n)
-    run(puzzles[:b], row_keys(jax.random.key(seed), n)[:b], first_decoder)  # compile (and warm up) untimed
-    if restart_decoder is not None:
-        run(puzzles[:b], row_keys(jax.random.key(seed), n)[:b], restart_decoder)
+    warm_up_keys = row_keys(jax.random.key(seed), n)[:b]
+    for decoder in (first_decoder, restart_decoder):  # compile (and warm up) outside the timed loop
+        if decoder is not None:
+            run(puzzles[:b], warm_up_keys, decoder)
     start_time = time.perf_counter()
-    preds, steps, passes = attempt(everything, jax.random.key(seed), first_decoder)
+    preds, steps, passes = attempt(np.arange(n), jax.random.key(seed), first_decoder)
     conflicts = sudoku_lib.conflicting_cells(preds).sum(axis=-1)
     for restart_index in range(restarts):
         # Restart (verifier-guided): a grid that breaks a rule is certainly wrong; solve its puzzle again afresh.

@@ -5,24 +5,27 @@
   python -m hackable_diffusion.evaluate --task sudoku --workdir runs/sudoku \
       --data ../shared/data/sudoku/kaggle3m_curated_5000.csv --sampler=num_steps=81
 
-A 4.5M-parameter bidirectional transformer (6 global layers, d 256, full RoPE, dense FFN) with learned row/column/box
-embeddings (`model.grid_embeddings=9`; README: they cut the step-200 loss from 1.61 to 0.70)
-over a fixed 13-token vocabulary (PAD/EOS/BOS/MASK, digits as ids 4..12). Training rows are 200k generated unique
-puzzles with 24-50 givens (cached on disk); each step masks the blanks at a random level of a linear schedule and
-minimises the unweighted cross-entropy over the masked blanks, pooled over the batch (`diffusion.loss="masked_ce"`):
-in a 500-step probe (same seed and schedule, 64 held-out puzzles) it reached 0.373 held-out ELBO bits per blank and
-39% exact grids, where the MD4/MDLM ELBO loss (1/t weight) reached 0.410 and 25%. `data.noise_givens=True` noises the
-givens too: worse in a 600-step probe, 0.41 vs 0.36 bits per blank. Batch 32 at lr 2e-3: in probes, batch 32
-reached loss 0.31 after 12.8k examples vs 0.77 for batch 64 (lr 1e-3, session 2's setting), lr 2e-3 led lr 1e-3 at
-every logged step, and batch 16 (1000 steps, the same 16k puzzles and wall time) reached 0.454 bits against 0.410.
-Solving: top-probability-margin selection (Kim et al. 2025), 12 steps, cells ranked by the model's probabilities
-(`sampler.score_temperature=1`), tokens drawn at temperature 0.1.
+A 4.5M-parameter bidirectional transformer (6 global layers, d 256, full RoPE, dense FFN) with two Sudoku priors:
+learned row/column/box embeddings (`model.grid_embeddings=9`; they cut the step-200 loss from 1.61 to 0.70) and a
+learned per-head attention bias for cells in the same row/column/box (`model.grid_attention_bias=4`, session 7: 500-step
+probe, margin 12 on 300 held-out 24-50-givens puzzles, 44.7% -> 79.7% exact), over a fixed 13-token vocabulary
+(PAD/EOS/BOS/MASK, digits as ids 4..12). Training rows are 200k generated unique puzzles with 24-50 givens (cached on
+disk); each step masks the blanks at a random level of a linear schedule and minimises the unweighted cross-entropy
+over the masked blanks, pooled over the batch (`diffusion.loss="masked_ce"`): in a 500-step probe (same seed and
+schedule, 64 held-out puzzles) it reached 0.373 held-out ELBO bits per blank and 39% exact grids, where the MD4/MDLM
+ELBO loss (1/t weight) reached 0.410 and 25%. `data.noise_givens=True` noises the givens too: worse in a 600-step
+probe, 0.41 vs 0.36 bits per blank. Batch 32 at lr 2e-3: in probes, batch 32 reached loss 0.31 after 12.8k examples vs
+0.77 for batch 64 (lr 1e-3, session 2's setting), lr 2e-3 led lr 1e-3 at every logged step, and batch 16 (1000 steps,
+the same 16k puzzles and wall time) reached 0.454 bits against 0.410; with the attention bias, lr 3e-3 was no better
+(74.3% both at bias 2). Solving: top-probability-margin selection (Kim et al. 2025), 12 steps, cells ranked by the
+model's probabilities (`sampler.score_temperature=1`), tokens drawn at temperature 0.1.
 
-4800 steps (153.6k puzzles, under one epoch) took 55.3 minutes on both cores of the 2-core CPU (session 5, with this
-loss; 1.35-1.6 steps/s; one core: 0.88 steps/s). Held-out during training (EMA, 64 mixed puzzles, margin 12): 54.7% /
-71.9% / 82.8% at steps 1000 / 1500 / 2000, ELBO 0.110 bits per blank at the end; 87.3% on the 1,000-puzzle 30-36 set.
-Probes to step 500 of this schedule (held-out ELBO bits per blank, baseline 0.41): no RoPE (grid embeddings only)
-0.77; 10 layers of d 192 (4.4M) 0.43 at 0.79x the step rate.
+4800 steps (153.6k puzzles, under one epoch) take 53 minutes on both cores of the 2-core CPU (session 7, 1.5-1.7
+steps/s). Held-out during training (EMA, 64 mixed puzzles, margin 12): 81.3% / 85.9% / 84.4% at steps 1000 / 1500 /
+2000 (session 5, no attention bias: 54.7% / 71.9% / 82.8%), 92.2% at 4800; ELBO 0.073 bits per blank at the end
+(session 5: 0.110); 93.8% on the 1,000-puzzle 30-36 set (session 5: 87.3%).
+Probes to step 500 of this schedule (held-out ELBO bits per blank, baseline 0.41, before the attention bias): no RoPE
+(grid embeddings only) 0.77; 10 layers of d 192 (4.4M) 0.43 at 0.79x the step rate.
 """
 
 from hackable_diffusion import recipes

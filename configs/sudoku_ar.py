@@ -8,6 +8,8 @@ The loss is the next-token cross-entropy on the 81 solution cells (the prompt's 
 prefills the puzzle and decodes 81 cells greedily with the KV cache (Ye et al. 2024's AR baseline, without a
 solver-chosen cell order). Budget: equal wall time with configs/sudoku.py, not equal examples: a row here is 162
 tokens, causal, so 1300 steps of 32 (41.6k puzzles) take about as long as the in-place model's 3000 steps of 32.
+The shared backbone gained the row/column/box attention bias in session 7 (`model.grid_attention_bias=4`, causal
+here too); the stored AR run (session 3) predates it: `--config.model.grid_attention_bias=0` reproduces it.
 """
 
 from hackable_diffusion import recipes

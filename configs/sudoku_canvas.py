@@ -21,7 +21,9 @@ so the recipe now keeps none; `evaluate --weights raw` gives the same weights as
     masking 23.3% exact grids, 80.8% of blanks; uniform 0.9%, 70.3% (DiffusionGemma's entropy-bound sampler,
     gamma 0.1, temperature 0.8 -> 0.4: 0.0%, 57.6%). Masking is the better process here, by 22 points.
 The canvas layout runs at 0.21 steps/s per core, a quarter of the in-place model's rate, so in the same hour it sees a
-seventh of the in-place model's 153.6k examples (which reach 87.3% on the same set).
+seventh of the in-place model's 153.6k examples (which reach 87.3% on the same set). Those runs predate the shared
+backbone's row/column/box attention bias (session 7, `model.grid_attention_bias=4`; keys in the prompt's cache get it
+from their positions): `--config.model.grid_attention_bias=0` reproduces them.
 """
 
 from hackable_diffusion import recipes

@@ -141,12 +141,16 @@ def text_config(
     return c
 
 
-def sudoku_model(vocab_size: int = 13, grid_embeddings: int = 9) -> dict[str, Any]:
+def sudoku_model(vocab_size: int = 13, grid_embeddings: int = 9, grid_attention_bias: float = 4.0) -> dict[str, Any]:
     """About 4.8M parameters, bidirectional, every layer global (81 cells need no sliding window), dense FFN.
 
     Derived from the 26B-A4B dictionary (qk-norm, softcap, gated-GELU FFN); full RoPE on the global layers (the
     reference rotates a quarter of the global head: with no absolute position embedding, the cell's row/column
-    has to come from positions) and separate K and V projections.
+    has to come from positions) and separate K and V projections. Two Sudoku priors, neither in DiffusionGemma:
+    learned row/column/box input embeddings (`grid_embeddings`) and a learned per-head attention-logit bias for cells
+    in the same row/column/box (`grid_attention_bias`, its initial value; heads start assigned round-robin to row,
+    column, box, none). Session 7 probe, 500 steps, margin 12 on 300 held-out 24-50-givens puzzles: no bias 44.7%
+    exact, initial bias 2: 74.3%, 4: 79.7%, 6: 78.3%, 8: 79.0%.
     """
     return presets.derived(
         vocab_size=vocab_size,
@@ -167,6 +171,7 @@ def sudoku_model(vocab_size: int = 13, grid_embeddings: int = 9) -> dict[str, An
         param_dtype="float32",
         compute_dtype="float32",
         grid_embeddings=grid_embeddings,
+        grid_attention_bias=grid_attention_bias,
     )
 
 

@@ -302,6 +302,25 @@ def test_gumbel_top_k_noise_is_float32_and_seeded():
     assert S.row_gumbel(KEYS1, (3,)).dtype == jnp.float32
 
 
+def test_top_k_also_above_adds_every_sure_position_to_the_count():
+    # Margins by position: 0.98, 0.02, 0.9, 0.6, 0.98, 0.3 (top-2 of [p, 1-p] style rows); position 4 is decided.
+    top = np.array([0.99, 0.51, 0.95, 0.8, 0.99, 0.65])
+    probs = np.stack([top, 1 - top, np.full(6, 1e-9), np.full(6, 1e-9)], axis=-1)
+    logits = logits_from_probs(probs)[None]
+    undecided = jnp.array([[True, True, True, True, False, True]])
+    cands = jnp.zeros((1, 6), jnp.int32)
+    step = info(step=0, num_steps=6, shape=(1, 6))  # the even count decides one of the five undecided positions
+    plain, _ = S.TopK(score=S.Margin())(KEYS1, logits, cands, undecided, step)
+    np.testing.assert_array_equal(plain[0], [True, False, False, False, False, False])
+    sure, _ = S.TopK(score=S.Margin(), also_above=0.85)(KEYS1, logits, cands, undecided, step)
+    np.testing.assert_array_equal(sure[0], [True, False, True, False, False, False])  # + margin 0.9, not decided 4
+    every, _ = S.TopK(score=S.Margin(), also_above=0.01)(KEYS1, logits, cands, undecided, step)
+    np.testing.assert_array_equal(every[0], np.asarray(undecided[0]))
+    assert S.make_selection("top_k_margin", also_above=0.9) == S.TopK(score=S.Margin(), also_above=0.9)
+    with pytest.raises(ValueError, match="also_above"):
+        S.TopK(also_above=1.5)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Temperature and early-stopping rules.
 # ---------------------------------------------------------------------------------------------------------------------

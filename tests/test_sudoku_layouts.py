@@ -11,6 +11,7 @@ from hackable_diffusion import experiment, recipes
 from hackable_diffusion.data import sudoku as sudoku_lib
 from hackable_diffusion.data.tokenizers import MASK_ID
 from hackable_diffusion.models import presets
+from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.models.layers import GridEmbedding
@@ -259,3 +260,52 @@ def test_restarts_resolve_only_rule_breaking_rows_and_never_worsen_them(tmp_path
         )
     with pytest.raises(ValueError, match="restart_temperature"):
         experiment.solve_sudoku(exp, params, puzzles, sampler_overrides={"restarts": 1, "restart_temperature": 0.0})
+
+
+def test_grid_relations_match_the_sudoku_units():
+    from hackable_diffusion.models.layers import grid_relations
+
+    index = sudoku_lib.structure_indices()
+    pos = jnp.arange(162)[None]  # prompt and canvas copies of the 81 cells
+    rel = np.asarray(grid_relations(pos, pos, 9))[0]
+    assert rel.shape == (3, 162, 162)
+    for r, name in enumerate(("row", "col", "box")):
+        same = index[name][:, None] == index[name][None, :]
+        for qo in (0, 81):
+            for ko in (0, 81):
+                np.testing.assert_array_equal(rel[r, qo : qo + 81, ko : ko + 81], same)
+
+
+def test_grid_attention_bias_config_init_and_cached_decode_equals_full_pass():
+    with pytest.raises(ValueError, match="grid_attention_bias"):
+        TransformerConfig.from_dict(dict(presets.tiny(vocab_size=13, moe=False), grid_attention_bias=1.0))
+    with pytest.raises(ValueError, match="grid_attention_bias"):
+        TransformerConfig.from_dict(
+            dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9, grid_attention_bias=-1.0)
+        )
+    shape = dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9, grid_attention_bias=2.0)
+    model = T.Transformer(TransformerConfig.from_dict(shape))
+    params = T.init_params(model, jax.random.key(0))
+    found = [v for p, v in jax.tree_util.tree_flatten_with_path(params)[0] if "grid_bias" in jax.tree_util.keystr(p)]
+    assert found, "every attention layer has a grid_bias"
+    heads = model.cfg.num_heads
+    w = np.asarray(found[0]).reshape(-1, 3, heads)[0]
+    for h in range(heads):  # round-robin row, column, box, none
+        expected = np.zeros(3)
+        if h % 4 < 3:
+            expected[h % 4] = 2.0
+        np.testing.assert_array_equal(w[:, h], expected)
+
+    # The bias changes the output, and a causal pass over [prompt; canvas] equals prefill + cached canvas decode
+    # (the cached keys' positions give their cells).
+    tokens = jax.random.randint(jax.random.key(1), (2, 162), 4, 13)
+    full, _ = T.forward(model, params, tokens, causal=True)
+    zeroed = jax.tree_util.tree_map_with_path(
+        lambda p, v: jnp.zeros_like(v) if "grid_bias" in jax.tree_util.keystr(p) else v, params
+    )
+    full0, _ = T.forward(model, zeroed, tokens, causal=True)
+    assert not np.allclose(full, full0)
+    cache = init_cache(model.cfg, 2, 162)
+    _, cache = T.append(model, params, tokens[:, :81], cache)
+    step, _ = T.append(model, params, tokens[:, 81:], cache)
+    np.testing.assert_allclose(step, full[:, 81:], atol=2e-4, rtol=2e-4)

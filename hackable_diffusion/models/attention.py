@@ -16,7 +16,10 @@ parts is one softmax over their concatenated logits, so nothing is copied into t
 Deliberate differences from the reference: the canvas reads the cache without a functional copy being written
 (same result, less memory traffic); padded slots are excluded through `valid` in every mode (the reference's
 sliding/append masks ignore padding, §6.7); the cache is never written past its end (callers check, the
-sampler raises before a canvas would not fit, instead of wrapping, §6.9).
+sampler raises before a canvas would not fit, instead of wrapping, §6.9). Not in the reference: for grid puzzles
+(`cfg.grid_attention_bias`), a learned per-head logit bias for query/key cells in the same row, column or box, a
+relational prior in the spirit of the Sudoku graph that recurrent relational networks (Palm et al. 2018) pass
+messages on; keys in the cache get it from their stored positions.
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from hackable_diffusion.models.config import TransformerConfig, resolve_dtype
-from hackable_diffusion.models.layers import RMSNorm, apply_rope, rms_normalize, token_einsum
+from hackable_diffusion.models.layers import (
+    RMSNorm,
+    apply_rope,
+    grid_bias_init,
+    grid_relations,
+    rms_normalize,
+    token_einsum,
+)
 
 NEG_INF = -1e30
 
@@ -156,7 +166,15 @@ class Attention(nn.Module):
             logits.insert(0, jnp.einsum("blkgh,bskh->bkgls", q, cache_k, preferred_element_type=jnp.float32))
             masks.insert(0, prefix_mask)
         mask = jnp.concatenate(masks, axis=-1)[:, None, None]  # b 1 1 l (s + l)
-        all_logits = jnp.where(mask, jnp.concatenate(logits, axis=-1), NEG_INF)
+        all_logits = jnp.concatenate(logits, axis=-1)
+        if cfg.grid_attention_bias:
+            # Sudoku-style structure: a learned per-head bias for "same row / column / box" pairs (not in Gemma).
+            weights = self.param("grid_bias", grid_bias_init(cfg.grid_attention_bias), (3, cfg.num_heads), jnp.float32)
+            key_pos = positions if layer_cache is None else jnp.concatenate([cache_positions, positions], axis=1)
+            relations = grid_relations(positions, key_pos, cfg.grid_embeddings)
+            bias = jnp.einsum("brls,rn->bnls", relations, weights).reshape(b, kv_heads, group, l, -1)
+            all_logits = all_logits + bias
+        all_logits = jnp.where(mask, all_logits, NEG_INF)
         probs = jax.nn.softmax(all_logits, axis=-1).astype(dtype)
 
         out = jnp.einsum("bkglm,bmkh->blkgh", probs[..., -l:], v, preferred_element_type=jnp.float32)

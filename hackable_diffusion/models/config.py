@@ -106,6 +106,10 @@ class TransformerConfig:
     # n > 0: tokens lie on an n x n grid with sqrt(n) x sqrt(n) boxes (Sudoku: 9); cell = position mod n^2 and learned
     # row, column and box embeddings are added to the input (layers.GridEmbedding). 0: none (text).
     grid_embeddings: int = 0
+    # > 0 (needs grid_embeddings): every attention layer adds a learned per-head bias to the logit of a query/key pair
+    # of cells in the same row, the same column or the same box (layers.grid_relations); heads start assigned round-robin
+    # to row / column / box / none with this initial bias. 0: no relational bias.
+    grid_attention_bias: float = 0.0
     # Layer groups per iteration of the layer scan (parameters are identical for every value). 1: a rolled loop (fast
     # to compile, the training default); num_groups: fully unrolled, each layer's weights a static slice of the stack.
     # `transformer.with_scan_unroll` switches a built model, e.g. for decoding. Measured on CPU (presets.mini, 2
@@ -149,6 +153,11 @@ class TransformerConfig:
         ):
             raise ValueError(
                 f"grid_embeddings must be 0 or a square grid side (4, 9, 16, ...), got {self.grid_embeddings}."
+            )
+        if self.grid_attention_bias < 0 or (self.grid_attention_bias and not self.grid_embeddings):
+            raise ValueError(
+                f"model.grid_attention_bias={self.grid_attention_bias} must be >= 0, and > 0 needs the grid side in "
+                "model.grid_embeddings (e.g. 9 for Sudoku)."
             )
         if self.scan_unroll < 1:
             raise ValueError(f"model.scan_unroll must be >= 1 (1 = rolled loop), got {self.scan_unroll}.")

@@ -19,6 +19,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int
 
 
@@ -103,6 +104,34 @@ class GridEmbedding(nn.Module):
             table = self.param(name, init, (n, self.embed_dim), self.param_dtype)
             out = out + jnp.take(table, idx, axis=0).astype(self.dtype)
         return out
+
+
+def grid_relations(q_pos: Int[Array, "b l"], k_pos: Int[Array, "b s"], side: int) -> Float[Array, "b 3 l s"]:
+    """1.0 where query and key cells (position mod side^2) share a row, a column, a box (in that order), else 0.0."""
+    box = round(side**0.5)
+
+    def units(pos):
+        cell = jnp.mod(pos, side * side)
+        row, col = cell // side, cell % side
+        return row, col, (row // box) * box + col // box
+
+    pairs = [a[:, :, None] == b[:, None, :] for a, b in zip(units(q_pos), units(k_pos))]
+    return jnp.stack(pairs, axis=1).astype(jnp.float32)
+
+
+def grid_bias_init(value: float):
+    """Initial (3, heads) relation weights: head h attends to its row, column, box or (every 4th) nothing extra."""
+
+    def init(key, shape, dtype=jnp.float32):
+        del key
+        relations, heads = shape
+        w = np.zeros(shape, np.float32)
+        for h in range(heads):
+            if h % 4 < relations:
+                w[h % 4, h] = value
+        return jnp.asarray(w, dtype)
+
+    return init
 
 
 class Embedder(nn.Module):

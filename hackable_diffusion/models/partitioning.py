@@ -30,6 +30,7 @@ _RULES: dict[tuple[str, ...], tuple[str | None, ...]] = {
     ("grid_embedding", "row"): (None, "embed"),
     ("grid_embedding", "column"): (None, "embed"),
     ("grid_embedding", "box"): (None, "embed"),
+    ("attn", "grid_bias"): (None, "heads"),
 }
 
 

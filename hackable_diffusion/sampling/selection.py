@@ -36,7 +36,8 @@ Rules and their references:
     vanilla expectation, Kim et al. / Dream), `CosineCount` (MaskGIT's cosine number of tokens still masked) and
     `EvenCount` (LLaDA's `get_num_transfer_tokens`). Optional Gumbel noise on the scores (`gumbel_scale`, float32):
     Kim et al. use 0.5 on puzzles; Gumbel-top-k with scale tau samples positions without replacement from
-    softmax(score / tau), which is Dream's `alg_temp`.
+    softmax(score / tau), which is Dream's `alg_temp`. Optional `also_above`: every undecided position whose score
+    reaches it is accepted too (a threshold on top of the count; not in Kim et al.).
   * `ConfidenceThreshold` -- Fast-dLLM (Wu et al. 2025): accept every undecided position with confidence >= tau
     (default 0.9) and always the most confident one, so every step makes progress.
   * `ReMDMCap`, `ReMDMRescale` -- ReMDM (Wang et al. 2025): a decided token is re-masked with probability sigma_t
@@ -342,22 +343,31 @@ class Ancestral(SelectionRule):
 
 @dataclasses.dataclass(frozen=True)
 class TopK(SelectionRule):
-    """Accept the `count` undecided positions with the highest `score` (+ gumbel_scale * Gumbel noise)."""
+    """Accept the `count` undecided positions with the highest `score` (+ gumbel_scale * Gumbel noise).
+
+    also_above: if set, also accept every undecided position whose (noise-free) score is >= it, a Fast-dLLM-style
+    threshold on top of the count: what the model is sure of costs no step of its own, and since the count rules
+    recount the undecided positions each step, the budget left goes to the uncertain ones.
+    """
 
     score: Any = Confidence()
     count: Any = ScheduleCount()
     gumbel_scale: float = 0.0
+    also_above: float | None = None
 
     def __post_init__(self):
         if not self.gumbel_scale >= 0:
             raise ValueError(f"TopK: gumbel_scale must be >= 0, got {self.gumbel_scale}.")
+        if self.also_above is not None and not 0.0 < self.also_above <= 1.0:
+            raise ValueError(f"TopK: also_above must lie in (0, 1] (or be None), got {self.also_above}.")
 
     def __call__(self, keys, logits, candidates, undecided, info):
         scores = self.score(logits, candidates).astype(jnp.float32)
+        sure = undecided & (scores >= self.also_above) if self.also_above is not None else _empty(undecided.shape)
         if self.gumbel_scale > 0:
             scores = scores + self.gumbel_scale * row_gumbel(keys, undecided.shape[1:])
         k = self.count(jnp.sum(undecided, axis=-1).astype(jnp.int32), info)
-        return top_k_mask(scores, undecided, k), _empty(undecided.shape)
+        return top_k_mask(scores, undecided, k) | sure, _empty(undecided.shape)
 
 
 @dataclasses.dataclass(frozen=True)

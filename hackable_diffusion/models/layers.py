@@ -80,6 +80,14 @@ class RMSNorm(nn.Module):
         return (y.astype(jnp.float32) * scale.astype(jnp.float32)).astype(x.dtype)
 
 
+def grid_units(positions: Int[Array, "*b"], side: int) -> tuple[Int[Array, "*b"], Int[Array, "*b"], Int[Array, "*b"]]:
+    """Row, column and box (0..side-1) of each position's cell on a side x side grid (cell = position mod side^2)."""
+    box = round(side**0.5)
+    cell = jnp.mod(positions, side * side)
+    row, col = cell // side, cell % side
+    return row, col, (row // box) * box + col // box
+
+
 class GridEmbedding(nn.Module):
     """Learned row, column and box embeddings of cells on an n x n grid (cell = position mod n^2).
 
@@ -94,10 +102,8 @@ class GridEmbedding(nn.Module):
 
     @nn.compact
     def __call__(self, positions: Int[Array, "*b"]) -> Float[Array, "*b d"]:
-        n, box = self.side, round(self.side**0.5)
-        cell = jnp.mod(positions, n * n)
-        row, col = cell // n, cell % n
-        index = {"row": row, "column": col, "box": (row // box) * box + col // box}
+        n = self.side
+        index = dict(zip(("row", "column", "box"), grid_units(positions, n)))
         init = nn.initializers.normal(stddev=3**-0.5)  # the sum has unit variance, like sqrt(d)-scaled tokens
         out = 0.0
         for name, idx in index.items():
@@ -108,14 +114,7 @@ class GridEmbedding(nn.Module):
 
 def grid_relations(q_pos: Int[Array, "b l"], k_pos: Int[Array, "b s"], side: int) -> Float[Array, "b 3 l s"]:
     """1.0 where query and key cells (position mod side^2) share a row, a column, a box (in that order), else 0.0."""
-    box = round(side**0.5)
-
-    def units(pos):
-        cell = jnp.mod(pos, side * side)
-        row, col = cell // side, cell % side
-        return row, col, (row // box) * box + col // box
-
-    pairs = [a[:, :, None] == b[:, None, :] for a, b in zip(units(q_pos), units(k_pos))]
+    pairs = [a[:, :, None] == b[:, None, :] for a, b in zip(grid_units(q_pos, side), grid_units(k_pos, side))]
     return jnp.stack(pairs, axis=1).astype(jnp.float32)
 
 

@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repair rounds[, restarts]])
+SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repair rounds[, restarts[, constraint]]])
     ("ancestral", "ancestral", "", 12),
     ("ancestral", "ancestral", "", 24),
     ("top-probability", "top_k_top_probability", "", 12),
@@ -57,6 +57,12 @@ SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repair rounds
     ("margin + 4 restarts", "top_k_margin", "", 81, 0, 4),
     # Also decide every cell whose margin reaches 0.99 (selection.TopK.also_above): fewer passes, adaptive
     ("margin + sure cells >= 0.99", "top_k_margin", '{"also_above": 0.99}', 12),
+    # The rules as a logit constraint (sampler.constraint="sudoku"): no digit a decided peer holds (constraints.py)
+    ("margin + rules", "top_k_margin", "", 12, 0, 0, "sudoku"),
+    ("margin + rules", "top_k_margin", "", 81, 0, 0, "sudoku"),
+    ("ancestral + rules", "ancestral", "", 12, 0, 0, "sudoku"),
+    ("margin + rules + 4 restarts", "top_k_margin", "", 12, 0, 4, "sudoku"),
+    ("margin + rules", "top_k_margin", "", 6, 0, 0, "sudoku"),
 ]
 # Restart attempts draw tokens at T 1 and add Gumbel noise (scale 0.1) to the margin scores, so that they decide cells
 # in another order. Tuned on generated:24-29:200:11 (not an evaluation set), margin 81 + 4 restarts: no restart 62.5%;
@@ -165,6 +171,7 @@ def main():
             "restarts": row.get("restarts", 0),
             "restart_temperature": RESTART_TEMPERATURE,
             "restart_selection_kwargs": RESTART_SELECTION_KWARGS,
+            "constraint": row.get("constraint", ""),
             **temperature,
         }
 
@@ -178,6 +185,7 @@ def main():
             "max_steps": steps,
             "repair_rounds": more[0] if more else 0,
             "restarts": more[1] if len(more) > 1 else 0,
+            "constraint": more[2] if len(more) > 2 else "",
         }
         if row["restarts"]:
             row["restart_temperature"] = RESTART_TEMPERATURE
@@ -368,6 +376,14 @@ def write_markdown(result: dict, path: pathlib.Path):
             + ", ".join(sorted({f"`{r.get('restart_selection_kwargs') or '{}'}`" for r in rows if r.get("restarts")}))
             + " (`sampler.restart_selection_kwargs`: Gumbel noise on the ranking scores, so that an attempt decides "
             "cells in another order); the passes include every attempt.",
+        ]
+    if any(r.get("constraint") for r in rows):
+        lines += [
+            "",
+            'Rows with "rules": the Sudoku rule as a logit constraint (`sampler.constraint=sudoku`): at every step a '
+            "cell may not take a digit that a given or decided cell of its row, column or box holds, so the model's "
+            "probabilities are renormalised over the legal digits before sampling and ranking. Inference-time use of "
+            "the rules, like restarts; the other rows use the model alone.",
         ]
     full = (result.get("kaggle") or {}).get("full_file_best")
     if full:

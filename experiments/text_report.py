@@ -23,14 +23,19 @@ import time
 
 import numpy as np
 
-SWEEP = [  # (num_steps, entropy-bound gamma) for the quality-vs-speed plot
-    (4, 0.1),
-    (8, 0.1),
-    (16, 0.1),
-    (32, 0.1),
-    (64, 0.1),
-    (64, 0.01),
-    (64, 1.0),
+SWEEP = [  # (num_steps, entropy-bound gamma, min_count) for the quality-vs-speed plot
+    (4, 0.1, None),
+    (8, 0.1, None),
+    (16, 0.1, None),
+    (32, 0.1, None),
+    (64, 0.1, None),
+    (64, 0.01, None),
+    (64, 1.0, None),
+    # min_count "even": the budget's parallel decisions spread over its steps, not left to the last one
+    (8, 0.1, "even"),
+    (12, 0.1, "even"),
+    (16, 0.1, "even"),
+    (32, 0.1, "even"),
 ]
 
 
@@ -130,15 +135,16 @@ def main():
         row["samples"] = sample_and_score(exp, params, ar, ar_params, args.num_samples, args.new_tokens)
         if not exp.is_autoregressive and not args.no_sweep:
             sweep = []
-            for steps, gamma in SWEEP:
+            for steps, gamma, min_count in SWEEP:
+                selection_kwargs = {"gamma": gamma} | ({"min_count": min_count} if min_count else {})
                 over = {
                     "num_steps": steps,
                     "selection": "entropy_bound",
-                    "selection_kwargs": json.dumps({"gamma": gamma}),
+                    "selection_kwargs": json.dumps(selection_kwargs),
                 }
                 swept = dataclasses.replace(exp, config=exp_lib.with_sampler_overrides(exp.config, over))
                 point = sample_and_score(swept, params, ar, ar_params, args.num_samples, args.new_tokens)
-                point.update(num_steps=steps, gamma=gamma)
+                point.update(num_steps=steps, gamma=gamma, min_count=min_count)
                 point.pop("sample")
                 sweep.append(point)
                 print(json.dumps({"run": name, **point}), flush=True)
@@ -217,10 +223,15 @@ def plot_quality_speed(report: dict, path: pathlib.Path):
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, r in report["runs"].items():
         if "sweep" in r:
-            pts = sorted((p["tokens_per_s"], p["gen_ppl"], p["num_steps"], p["gamma"]) for p in r["sweep"])
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-            for x, y, steps, gamma in pts:
-                ax.annotate(f"{steps}/{gamma:g}", (x, y), fontsize=6)
+            for min_count in sorted({p.get("min_count") or "" for p in r["sweep"]}):
+                series = [p for p in r["sweep"] if (p.get("min_count") or "") == min_count]
+                pts = sorted((p["tokens_per_s"], p["gen_ppl"], p["num_steps"], p["gamma"]) for p in series)
+                label = name + (f", min_count {min_count}" if min_count else "")
+                ax.plot(
+                    [p[0] for p in pts], [p[1] for p in pts], marker="o", ls="--" if min_count else "-", label=label
+                )
+                for x, y, steps, gamma in pts:
+                    ax.annotate(f"{steps}/{gamma:g}", (x, y), fontsize=6)
         else:
             s = r["samples"]
             ax.scatter([s["tokens_per_s"]], [s["gen_ppl"]], marker="x", s=80, c="k", label=f"{name} (AR)")

@@ -15,14 +15,16 @@ models the step count is fixed (`--fixed_steps`, default 16: the 12–16 steps p
 with early stopping) with early stopping off; the value is printed in every line. With `--diffusion_workdir RUN
 --ar_workdir RUN` the trained small models are measured first (the diffusion run's own sampler with early stopping on,
 generative perplexity of both decoders' text under the AR run), and the large models then use the trained run's mean
-steps per canvas:
+steps per canvas (`--sampler KEY=VALUE` overrides the diffusion run's sampler, e.g. a step budget):
 
-  python experiments/throughput.py --diffusion_workdir runs/shakespeare_uniform --ar_workdir runs/shakespeare_ar
+  python experiments/throughput.py --diffusion_workdir runs/shakespeare_masking --ar_workdir runs/shakespeare_ar \
+      --sampler num_steps=12 --sampler 'selection_kwargs={"gamma": 0.1, "min_count": "even"}'
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -126,6 +128,10 @@ def measure_trained(args, repeats: int) -> float:
     from hackable_diffusion.data.tokenizers import BOS_ID
 
     dif = exp_lib.from_workdir(args.diffusion_workdir)
+    if args.sampler:
+        from hackable_diffusion.evaluate import parse_overrides
+
+        dif = dataclasses.replace(dif, config=exp_lib.with_sampler_overrides(dif.config, parse_overrides(args.sampler)))
     ar = exp_lib.from_workdir(args.ar_workdir)
     if dif.is_autoregressive or not ar.is_autoregressive:
         raise SystemExit("--diffusion_workdir must be a diffusion run and --ar_workdir an autoregressive run.")
@@ -243,6 +249,13 @@ def main():
         "--diffusion_workdir", default="", help="a trained diffusion run (e.g. runs/shakespeare_uniform)"
     )
     parser.add_argument("--ar_workdir", default="", help="the trained AR run of the same shape (runs/shakespeare_ar)")
+    parser.add_argument(
+        "--sampler",
+        action="append",
+        default=[],
+        help="KEY=VALUE override of the diffusion run's config.sampler (repeatable), as in evaluate: e.g. "
+        '--sampler num_steps=12 --sampler \'selection_kwargs={"gamma": 0.1, "min_count": "even"}\'',
+    )
     args = parser.parse_args()
     repeats = 2 if args.quick else args.repeats
     if args.quick and not args.large_batches:

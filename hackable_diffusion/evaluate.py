@@ -176,7 +176,14 @@ SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every res
     "score_temperature",
     "early_stopping",
 )
-SUDOKU_REPORT_KEYS = ("repair_rounds", "repair_scope", "restarts", "restart_temperature", "restart_selection_kwargs")
+SUDOKU_REPORT_KEYS = (
+    "repair_rounds",
+    "repair_scope",
+    "restarts",
+    "restart_temperature",
+    "restart_selection_kwargs",
+    "constraint",
+)
 
 
 def _weights_used(exp, weights: str) -> str:
@@ -246,7 +253,7 @@ def sudoku(
         "checkpoint_step": step,
         "weights": weights_used,
         "dropped_as_in_training": None if seen is None else int(seen.sum()),
-        "sampler": {k: config.sampler[k] for k in SAMPLER_REPORT_KEYS + SUDOKU_REPORT_KEYS},
+        "sampler": {k: config.sampler.get(k) for k in SAMPLER_REPORT_KEYS + SUDOKU_REPORT_KEYS},
     }
     return {**head, **scores}
 

@@ -41,6 +41,7 @@ from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.sampling import generate as gen_lib
 from hackable_diffusion.sampling.canvas import DiffusionSampler, denoise_canvas, row_keys
+from hackable_diffusion.sampling.constraints import make_constraint
 from hackable_diffusion.sampling.early_stopping import make_early_stopping
 from hackable_diffusion.sampling.selection import make_selection
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
@@ -352,6 +353,7 @@ def build_sampler(config: ml_collections.ConfigDict, process: NoiseProcess, **ov
         null_signal=config.diffusion.null_signal,
         forbidden_tokens=(0, 2, 3),  # never generate PAD, BOS or MASK
         score_temperature=s.get("score_temperature", 0.0) or None,  # 0 = score the sampling distribution
+        constraint=make_constraint(str(s.get("constraint", "") or "")),
     )
     return sampler.replace(**overrides) if overrides else sampler
 
@@ -565,10 +567,15 @@ def from_workdir(workdir: str) -> Experiment:
 
 def with_sampler_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:
     """A copy of `config` with `config.sampler.KEY = value` for each override; strings are cast to the key's type."""
+    from hackable_diffusion import recipes
+
     config = config.copy_and_resolve_references()
+    defaults = recipes.base_config().sampler  # keys added after a run was saved take their default
     for key, value in overrides.items():
         if key not in config.sampler:
-            raise ValueError(f"Unknown sampler key {key!r}; valid keys: {sorted(config.sampler.keys())}.")
+            if key not in defaults:
+                raise ValueError(f"Unknown sampler key {key!r}; valid keys: {sorted(config.sampler.keys())}.")
+            config.sampler[key] = defaults[key]
         current = config.sampler[key]
         if isinstance(value, str) and not isinstance(current, str):
             try:
@@ -645,6 +652,8 @@ def solve_sudoku(
             f"sampler.repair_scope={scope!r} must be 'cells' (the repeated digits) or 'units' (their rows, "
             "columns and boxes)."
         )
+    if layout == "ar" and str(config.sampler.get("constraint", "") or ""):
+        raise ValueError("sampler.constraint acts on a diffusion step's logits; the AR layout has no such sampler.")
     if rounds and layout == "ar":
         raise ValueError("sampler.repair_rounds re-decodes cells in place; the AR layout has no such sampler.")
     restarts = int(config.sampler.get("restarts", 0))

@@ -189,6 +189,32 @@ def test_entropy_bound_accepts_while_the_exclusive_sum_is_within_gamma():
     np.testing.assert_array_equal(accept[0], [False, False, True, True])
 
 
+def test_entropy_bound_min_count_spreads_a_step_budget():
+    # Eight uncertain positions (entropy rising with the index): gamma 0.1 alone accepts one per step.
+    flat = np.linspace(0.6, 0.25, 8)
+    probs = np.stack([flat] + [(1 - flat) / 3] * 3, axis=-1)
+    logits = logits_from_probs(probs)[None]
+    cand = jnp.zeros((1, 8), jnp.int32)
+    undecided = jnp.ones((1, 8), bool)
+    plain, _ = S.EntropyBound(0.1)(KEYS1, logits, cand, undecided, info(step=0, num_steps=4, shape=(1, 8)))
+    np.testing.assert_array_equal(plain[0], [1, 0, 0, 0, 0, 0, 0, 0])
+    rule = S.make_selection("entropy_bound", gamma=0.1, min_count="even")
+    assert rule == S.EntropyBound(0.1, min_count=S.EvenCount())
+    # Budget of 4 steps for 8 positions: the even share, lowest entropies first.
+    first, _ = rule(KEYS1, logits, cand, undecided, info(step=0, num_steps=4, shape=(1, 8)))
+    np.testing.assert_array_equal(first[0], [1, 1, 0, 0, 0, 0, 0, 0])
+    # Step 2 of 4 with only 3 decided (target 6): three more, among the undecided only.
+    undecided = jnp.array([[False, True, False, True, False, True, True, True]])
+    third, _ = rule(KEYS1, logits, cand, undecided, info(step=2, num_steps=4, shape=(1, 8)))
+    np.testing.assert_array_equal(third[0], [0, 1, 0, 1, 0, 1, 0, 0])
+    # Ahead of the budget the floor is one position; a generous bound still accepts more than the floor.
+    ahead = jnp.array([[False] * 6 + [True] * 2])
+    one, _ = rule(KEYS1, logits, cand, ahead, info(step=0, num_steps=4, shape=(1, 8)))
+    np.testing.assert_array_equal(one[0], [0, 0, 0, 0, 0, 0, 1, 0])
+    wide, _ = S.EntropyBound(100.0, min_count=S.EvenCount())(KEYS1, logits, cand, ahead, info(shape=(1, 8)))
+    np.testing.assert_array_equal(wide[0], np.asarray(ahead[0]))
+
+
 def test_confidence_threshold_accepts_confident_positions_and_always_progresses():
     logits = logits_from_probs(PROBS)
     cand = jnp.array([[0, 0, 1, 2]])  # confidences 1, 0.99, 0.5, 0.25

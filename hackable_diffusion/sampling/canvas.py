@@ -30,6 +30,8 @@ Differences from the reference, on purpose:
   * Every random draw comes from the row's own key, folded with the step index, so a row samples the same tokens
     alone or inside any batch.
   * No trajectory is kept unless `return_trajectory=True`.
+  * `constraint` (off by default): a task's rules exclude tokens before the step samples and ranks
+    (`constraints.py`, e.g. Sudoku's row/column/box rule).
   * `score_temperature` (off by default, as the reference) lets the rule rank positions by logits at another
     temperature than the tokens are drawn at; early stopping and self-conditioning always use `shaped`.
 """
@@ -51,6 +53,7 @@ from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import KVCache
 from hackable_diffusion.models.self_conditioning import NULL_SIGNALS
+from hackable_diffusion.sampling.constraints import LogitConstraint
 from hackable_diffusion.sampling.early_stopping import EarlyStopping, diffusiongemma_early_stopping
 from hackable_diffusion.sampling.selection import NEG_LOGIT, EntropyBound, SelectionRule, StepInfo
 from hackable_diffusion.sampling.temperature import AnnealedTemperature, Temperature
@@ -79,6 +82,7 @@ class DiffusionSampler:
     null_signal: str = "zeros"
     forbidden_tokens: tuple[int, ...] = ()
     score_temperature: float | None = None
+    constraint: LogitConstraint | None = None
 
     def __post_init__(self):
         checks = (
@@ -106,6 +110,8 @@ class DiffusionSampler:
         if bad:
             raise ValueError(f"DiffusionSampler.forbidden_tokens {bad} are outside [0, {self.process.vocab_size}).")
         object.__setattr__(self, "forbidden_tokens", forbidden)
+        if self.constraint is not None and not isinstance(self.constraint, LogitConstraint):
+            raise ValueError(f"DiffusionSampler.constraint must be a LogitConstraint or None, got {self.constraint!r}.")
         if self.score_temperature is not None and not self.score_temperature > 0:
             raise ValueError(
                 f"DiffusionSampler.score_temperature must be None (score the sampling distribution) or > 0, got "
@@ -231,6 +237,9 @@ def _denoise(
         info = StepInfo.at(step, num_steps, process.schedule, free, persistent)
         logits = canvas_logits(model, params, cache, old, state.get("sc"))
         biased = logits.astype(jnp.float32) + bias
+        if sampler.constraint is not None:  # the task's rules, given what is decided so far (constraints.py)
+            decided = (fixed | (old != process.mask_id)) if persistent else fixed
+            biased = jnp.where(sampler.constraint(old, decided, biased.shape[-1]), NEG_LOGIT, biased)
         shaped = biased / sampler.temperature(info.t)
         step_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, step), 3))(keys)
         candidates = jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(step_keys[:, 0], shaped)

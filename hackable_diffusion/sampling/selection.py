@@ -23,7 +23,9 @@ Rules and their references:
     2025): sort undecided positions by entropy (ascending) and accept while the exclusive running sum of entropies is
     <= gamma. The exclusive sum is EB-Sampler's sum_{i<=k} H_i - max_{i<=k} H_i, so at least one position is always
     accepted. Difference: with a masking process or fixed positions only undecided positions enter the sum (the
-    reference sorts all canvas positions; the two agree on an unconstrained uniform canvas).
+    reference sorts all canvas positions; the two agree on an unconstrained uniform canvas). Optional `min_count`
+    (a count rule below) accepts at least that many lowest-entropy positions per step, so a step budget smaller than
+    the canvas is spread over the steps instead of being left to the last one (not in the reference).
   * `Ancestral` -- MD4 (Shi et al. 2024): each masked position is unmasked with probability
     (alpha_s - alpha_t) / (1 - alpha_t) (Dream's `alg='origin'` with the linear schedule). The last step unmasks
     everything (MD4 instead ends at t = eps). With the uniform process the analogue is "predict x0, then re-noise to
@@ -307,21 +309,33 @@ class SelectionRule(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class EntropyBound(SelectionRule):
-    """DiffusionGemma / EB-Sampler: accept the lowest-entropy positions while the exclusive entropy sum <= gamma."""
+    """DiffusionGemma / EB-Sampler: accept the lowest-entropy positions while the exclusive entropy sum <= gamma.
+
+    min_count: optional count rule (`"even"`, `"cosine"`, ...; `make_count`) giving a floor: at least that many
+    lowest-entropy positions are accepted at each step. Without it a step budget smaller than the canvas is spent
+    one position at a time by an uncertain model and the last step decides all that is left at once; with
+    `min_count="even"` the parallel decisions the budget forces are spread evenly over its steps (not in the
+    reference, whose uniform canvas has no persistent decisions to run out of).
+    """
 
     gamma: float = 0.1
+    min_count: Any = None
 
     def __post_init__(self):
         if not self.gamma >= 0:
             raise ValueError(f"EntropyBound: gamma must be >= 0, got {self.gamma} (DiffusionGemma uses 0.1).")
 
     def __call__(self, keys, logits, candidates, undecided, info):
-        del keys, candidates, info
+        del keys, candidates
         h = entropy(logits)
         order = jnp.argsort(jnp.where(undecided, h, jnp.inf), axis=-1, stable=True)
         sorted_h = jnp.take_along_axis(jnp.where(undecided, h, 0.0), order, axis=-1)
         exclusive = jnp.cumsum(sorted_h, axis=-1) - sorted_h
-        accept_sorted = (exclusive <= self.gamma) & jnp.take_along_axis(undecided, order, axis=-1)
+        within_bound = exclusive <= self.gamma
+        if self.min_count is not None:
+            floor = self.min_count(jnp.sum(undecided, axis=-1).astype(jnp.int32), info)
+            within_bound = within_bound | (jnp.arange(h.shape[-1])[None, :] < floor[:, None])
+        accept_sorted = within_bound & jnp.take_along_axis(undecided, order, axis=-1)
         accept = jnp.take_along_axis(accept_sorted, jnp.argsort(order, axis=-1), axis=-1)
         return accept, _empty(undecided.shape)
 
@@ -459,11 +473,13 @@ SELECTION_RULES: dict[str, Any] = {
 
 def make_selection(name: str, **kwargs) -> SelectionRule:
     """Builds a selection rule by name, e.g. `make_selection("top_k_margin", gumbel_scale=0.5)`; top-k rules take
-    `count="cosine"` / `"power:2"` (`make_count`) for how many positions each step decides."""
+    `count="cosine"` / `"power:2"` (`make_count`) for how many positions each step decides, `entropy_bound` takes
+    `min_count="even"` for a floor on it."""
     if name not in SELECTION_RULES:
         raise ValueError(f"unknown selection rule {name!r}; choose one of {sorted(SELECTION_RULES)}.")
-    if isinstance(kwargs.get("count"), str):  # e.g. '{"count": "power:2"}' from a config string
-        kwargs = dict(kwargs, count=make_count(kwargs["count"]))
+    for key in ("count", "min_count"):  # e.g. '{"count": "power:2"}' from a config string
+        if isinstance(kwargs.get(key), str):
+            kwargs = dict(kwargs, **{key: make_count(kwargs[key])})
     try:
         return SELECTION_RULES[name](**kwargs)
     except TypeError as error:

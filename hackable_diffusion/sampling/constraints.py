@@ -19,8 +19,9 @@ import abc
 import dataclasses
 
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Bool, Int
+
+from hackable_diffusion.models.layers import grid_units
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,16 +33,13 @@ class LogitConstraint(abc.ABC):
         """The tokens each canvas position may not take, given the tokens at the decided positions."""
 
 
-def same_unit_matrix(side: int = 9) -> np.ndarray:
+def same_unit_matrix(side: int = 9) -> Bool[Array, "n n"]:
     """(side^2, side^2) bool: cells i != j that share a row, a column or a box."""
-    box = round(side**0.5)
-    if box * box != side:
+    if round(side**0.5) ** 2 != side:
         raise ValueError(f"a Sudoku side must be a square number (4, 9, 16, ...), got {side}.")
-    cell = np.arange(side * side)
-    row, col = cell // side, cell % side
-    unit = (row // box) * box + col // box
-    same = (row[:, None] == row[None]) | (col[:, None] == col[None]) | (unit[:, None] == unit[None])
-    return same & ~np.eye(side * side, dtype=bool)
+    row, col, box = grid_units(jnp.arange(side * side), side)
+    same = (row[:, None] == row[None]) | (col[:, None] == col[None]) | (box[:, None] == box[None])
+    return same & ~jnp.eye(side * side, dtype=bool)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Decode throughput: DiffusionGemma's canvas sampler vs autoregressive decoding with a KV cache, same network.
 
-  python experiments/throughput.py [--quick] [--sizes small,large,large_moe] [--fixed_steps 16]
+  python experiments/throughput.py [--quick] [--sizes small,large,large_moe] [--fixed_steps 16] [--sweep_steps 6,8]
 
 One JSON line per (model, batch) setting, both decoders measured side by side in one run (interleaved repeats,
 median after a compiling warm-up): tokens/s for `--new_tokens` new tokens at batch 1 and batch 8, forward passes per
@@ -29,7 +29,6 @@ import json
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hackable_diffusion.diffusion.processes import UniformProcess
@@ -236,6 +235,12 @@ def main():
     parser.add_argument("--new_tokens", type=int, default=512)
     parser.add_argument("--canvas", type=int, default=256)
     parser.add_argument("--fixed_steps", type=int, default=16)
+    parser.add_argument(
+        "--sweep_steps",
+        default="",
+        help="more steps per canvas for the random-weight sizes, each measured beside the same AR runs "
+        "(one line per count), e.g. 6,8,9,10: where the ratio crosses a target",
+    )
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--large_batches", default="", help="batches for the large sizes (default: --batches)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -261,6 +266,7 @@ def main():
     if args.quick and not args.large_batches:
         args.large_batches = "1"  # the large sizes at batch 1 only: batch 8 of them alone takes minutes
     shapes = model_shapes(args.quick)
+    sweep_steps = [int(s) for s in args.sweep_steps.split(",") if s]
     fixed_steps_note = "fixed (random weights; early stopping off)"
     if args.diffusion_workdir and args.ar_workdir:
         mean_steps = measure_trained(args, repeats)
@@ -275,22 +281,32 @@ def main():
         params = T.init_params(trained_shape, jax.random.key(0))
         model = unrolled(trained_shape, args)
         process = UniformProcess(cfg.vocab_size, LinearSchedule(), excluded_ids=(0, 1, 2, 3))
-        sampler = DiffusionSampler(
-            process=process,
-            canvas_length=args.canvas,
-            num_steps=args.fixed_steps,
-            early_stopping=NoEarlyStop(),
-            forbidden_tokens=(0, 1, 2, 3),
-        )
+        step_counts = [args.fixed_steps] + [s for s in sweep_steps if s != args.fixed_steps]
+        samplers = {
+            steps: DiffusionSampler(
+                process=process,
+                canvas_length=args.canvas,
+                num_steps=steps,
+                early_stopping=NoEarlyStop(),
+                forbidden_tokens=(0, 1, 2, 3),
+            )
+            for steps in step_counts
+        }
         counts = count_params(cfg)
         size_batches = args.batches if name == "small" else (args.large_batches or args.batches)
         for batch in [int(b) for b in size_batches.split(",")]:
             prompts = np.array(jax.random.randint(jax.random.key(1), (batch, 16), 4, cfg.vocab_size))
             prompts[:, 0] = 2
 
-            def diffusion():
+            def diffusion(steps):
                 return gen_lib.generate(
-                    model, params, prompts, sampler=sampler, key=0, max_new_tokens=args.new_tokens, stop_tokens=()
+                    model,
+                    params,
+                    prompts,
+                    sampler=samplers[steps],
+                    key=0,
+                    max_new_tokens=args.new_tokens,
+                    stop_tokens=(),
                 )
 
             def autoregressive():
@@ -304,38 +320,44 @@ def main():
                     forbidden_tokens=(0, 1, 2, 3),
                 )
 
-            d_result, a_result = diffusion(), autoregressive()  # compile
-            d_times, a_times = [], []
-            for _ in range(repeats):  # interleaved: both see the same machine state
-                d_times.append(measure(diffusion, 1))
+            d_results = {steps: diffusion(steps) for steps in step_counts}  # compile
+            a_result = autoregressive()
+            d_times, a_times = {steps: [] for steps in step_counts}, []
+            for _ in range(repeats):  # interleaved: every decoder sees the same machine state
+                for steps in step_counts:
+                    d_times[steps].append(measure(lambda: diffusion(steps), 1))
                 a_times.append(measure(autoregressive, 1))
-            d_s, a_s = float(np.median(d_times)), float(np.median(a_times))
+            a_s = float(np.median(a_times))
             new = batch * args.new_tokens
             canvases = args.new_tokens // args.canvas
-            line = {
-                "benchmark": "throughput",
-                "model": name,
-                "params": counts["total_params"],
-                "active_params": counts["active_params_per_token"],
-                "weights": "random",
-                "batch": batch,
-                "new_tokens": args.new_tokens,
-                "canvas": args.canvas,
-                "steps_per_canvas": args.fixed_steps,
-                "steps_note": fixed_steps_note,
-                "quick": args.quick,
-                "scan_unroll": args.scan_unroll,
-                "diffusion_tokens_per_s": new / d_s,
-                "ar_tokens_per_s": new / a_s,
-                "ratio": a_s / d_s,
-                "diffusion_forward_passes_per_token": d_result.forward_passes / args.new_tokens,
-                "ar_forward_passes_per_token": a_result.forward_passes / args.new_tokens,
-                "diffusion_wall_s_per_canvas": d_s / canvases,
-                "diffusion_wall_s": d_s,
-                "ar_wall_s": a_s,
-            }
-            line.update(roofline(cfg, batch, args.canvas, args.fixed_steps, context=16 + args.new_tokens))
-            print(json.dumps(line), flush=True)
+            for steps in step_counts:
+                d_s = float(np.median(d_times[steps]))
+                line = {
+                    "benchmark": "throughput",
+                    "model": name,
+                    "params": counts["total_params"],
+                    "active_params": counts["active_params_per_token"],
+                    "weights": "random",
+                    "batch": batch,
+                    "new_tokens": args.new_tokens,
+                    "canvas": args.canvas,
+                    "steps_per_canvas": steps,
+                    "steps_note": fixed_steps_note
+                    if steps == args.fixed_steps
+                    else "--sweep_steps, early stopping off",
+                    "quick": args.quick,
+                    "scan_unroll": args.scan_unroll,
+                    "diffusion_tokens_per_s": new / d_s,
+                    "ar_tokens_per_s": new / a_s,
+                    "ratio": a_s / d_s,
+                    "diffusion_forward_passes_per_token": d_results[steps].forward_passes / args.new_tokens,
+                    "ar_forward_passes_per_token": a_result.forward_passes / args.new_tokens,
+                    "diffusion_wall_s_per_canvas": d_s / canvases,
+                    "diffusion_wall_s": d_s,
+                    "ar_wall_s": a_s,
+                }
+                line.update(roofline(cfg, batch, args.canvas, steps, context=16 + args.new_tokens))
+                print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -208,12 +208,15 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
         ("top-prob. margin", 12, 0),
         ("margin + 4 restarts", 12, 4),
     ]
-    monkeypatch.setattr(sys, "argv", ["sudoku_samplers.py", *common, "--settings", "3", "--merge"])
+    monkeypatch.setattr(sys, "argv", ["sudoku_samplers.py", *common, "--settings", "24", "--merge"])
     runpy.run_path(script, run_name="__main__")
     merged = json.loads((out_dir / "samplers.json").read_text())
-    assert [r["max_steps"] for r in merged["rows"]] == [12, 12, 6] and "rows added by" in merged["command"]
+    assert [r["max_steps"] for r in merged["rows"]] == [12, 12, 81] and "rows added by" in merged["command"]
+    adaptive = merged["rows"][-1]["a_30_36"]  # rules + sure cells: passes adapt, the most any puzzle took is kept
+    assert 1 <= adaptive["forward_passes_per_puzzle"] <= adaptive["max_forward_passes_per_puzzle"] <= 81
     markdown = (out_dir / "samplers.md").read_text()
     assert "margin + 4 restarts" in markdown and "Restart rows" in markdown and (out_dir / "samplers.png").is_file()
+    assert f", max {adaptive['max_forward_passes_per_puzzle']})" in markdown
     monkeypatch.setattr(
         sys, "argv", ["sudoku_samplers.py", *common[:-4], "--num", "5", "--out", str(out_dir), "--merge"]
     )

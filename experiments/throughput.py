@@ -281,7 +281,7 @@ def main():
         params = T.init_params(trained_shape, jax.random.key(0))
         model = unrolled(trained_shape, args)
         process = UniformProcess(cfg.vocab_size, LinearSchedule(), excluded_ids=(0, 1, 2, 3))
-        step_counts = [args.fixed_steps] + [s for s in sweep_steps if s != args.fixed_steps]
+        step_counts = list(dict.fromkeys([args.fixed_steps, *sweep_steps]))  # the main count first, each once
         samplers = {
             steps: DiffusionSampler(
                 process=process,

@@ -781,13 +781,18 @@ def evaluate_sudoku(
     batch_size: int = 256,
     sampler_overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """DiffusionGemma's Sudoku metrics (`evals.sudoku_metrics`, split by givens and by `levels` when given) plus
-    forward passes per puzzle and puzzles per second."""
+    """DiffusionGemma's Sudoku metrics (`evals.sudoku_metrics`, split by givens, by `levels` when given, and by
+    whether the exact solver needed a guess: `_solver_singles` / `_solver_search`) plus forward passes per puzzle
+    and puzzles per second."""
     from hackable_diffusion.evals.sudoku_metrics import sudoku_metrics
 
     solution = solve_sudoku(exp, params, puzzles, seed=seed, batch_size=batch_size, sampler_overrides=sampler_overrides)
     metrics = sudoku_metrics(solution.predictions, puzzles, solutions, categories=levels, category_name="level")
     out: dict[str, Any] = dict(metrics)
+    by_solver = sudoku_metrics(
+        solution.predictions, puzzles, solutions, categories=sudoku_lib.solver_class(puzzles), category_name="solver"
+    )
+    out.update({k: v for k, v in by_solver.items() if "_solver_" in k})  # "singles" / "search": see solver_class
     out["forward_passes_per_puzzle"] = float(solution.steps.mean())
     out["max_forward_passes_per_puzzle"] = int(solution.steps.max())
     out["batch_forward_passes"] = solution.batch_forward_passes

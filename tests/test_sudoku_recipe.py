@@ -173,6 +173,8 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
         assert key in metrics
     assert metrics["sudoku_count"] == 5 and metrics["exact_mask_accuracy"] == 1.0 and metrics["givens_kept"]
     assert metrics["sampler"]["num_steps"] == 3 and metrics["max_forward_passes_per_puzzle"] <= 3
+    by_solver = metrics.get("sudoku_count_solver_singles", 0), metrics.get("sudoku_count_solver_search", 0)
+    assert sum(by_solver) == 5  # every puzzle is in exactly one solver class
     json.dumps(metrics)
 
     data = sudoku_lib.generate_dataset(6, (25, 42), seed=13, cache_dir=None)

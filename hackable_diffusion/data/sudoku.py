@@ -299,6 +299,14 @@ def is_unique(puzzle: Int[np.ndarray, "81"]) -> bool:
     return solve(puzzle, max_solutions=2).num_solutions == 1
 
 
+def solver_class(puzzles: Int[np.ndarray, "n 81"]) -> np.ndarray:
+    """Per puzzle, ``"singles"`` when the exact solver finishes it by naked and hidden singles alone (no guess) and
+    ``"search"`` when it had to branch: a split that says whether a model's failures sit on puzzles that need
+    look-ahead. Shape (n,), dtype str."""
+    grids = np.asarray(puzzles).reshape(-1, 81)
+    return np.array(["singles" if solve(p, max_solutions=1).guesses == 0 else "search" for p in grids])
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Generator
 # ----------------------------------------------------------------------------------------------------------------

@@ -229,10 +229,11 @@ def main():
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="one layer group per model, 2 repeats; batches 1 and 8 for the small model, 1 for the large (< 5 min)",
+        help="one layer group per model, one timed repeat (after the compiling warm-up), 256 new tokens unless "
+        "--new_tokens is given; batches 1 and 8 for the small model, 1 for the large (< 5 min)",
     )
     parser.add_argument("--sizes", default="small,large,large_moe")
-    parser.add_argument("--new_tokens", type=int, default=512)
+    parser.add_argument("--new_tokens", type=int, default=None, help="new tokens per row (default 512; --quick: 256)")
     parser.add_argument("--canvas", type=int, default=256)
     parser.add_argument("--fixed_steps", type=int, default=16)
     parser.add_argument(
@@ -262,7 +263,9 @@ def main():
         '--sampler num_steps=12 --sampler \'selection_kwargs={"gamma": 0.1, "min_count": "even"}\'',
     )
     args = parser.parse_args()
-    repeats = 2 if args.quick else args.repeats
+    repeats = 1 if args.quick else args.repeats
+    if args.new_tokens is None:
+        args.new_tokens = 256 if args.quick else 512
     if args.quick and not args.large_batches:
         args.large_batches = "1"  # the large sizes at batch 1 only: batch 8 of them alone takes minutes
     shapes = model_shapes(args.quick)

@@ -25,6 +25,7 @@ steps/s). Held-out during training (EMA, 64 mixed puzzles, margin 12): 81.3% / 8
 2000 (session 5, no attention bias: 54.7% / 71.9% / 82.8%), 92.2% at 4800; ELBO 0.073 bits per blank at the end
 (session 5: 0.110); 93.8% on the 1,000-puzzle 30-36 set (session 5: 87.3%). Session 10's rerun of this file (the
 machine 2-3x slower, resumed across sessions): 92.2% held-out at 4800, ELBO 0.0745, 93.3% on the 1,000 set.
+With 8 symmetry views per pass (`--sampler=views=sudoku:8`, session 11; 8x the network evaluations): 96.2%.
 Probes to step 500 of this schedule (held-out ELBO bits per blank, baseline 0.41, before the attention bias): no RoPE
 (grid embeddings only) 0.77; 10 layers of d 192 (4.4M) 0.43 at 0.79x the step rate.
 """

@@ -17,6 +17,8 @@ every cell that repeats a digit in its row, column or box after a decode and re-
 rounds; their forward passes per puzzle include every round. The restart rows (`sampler.restarts`) solve a puzzle
 whose grid still breaks a rule again from scratch, tokens at `RESTART_TEMPERATURE` and the decision order shuffled by
 Gumbel noise on the margin scores (`RESTART_SELECTION_KWARGS`), up to K times; every attempt's passes count.
+The views rows (`sampler.views`) average the model over K relabelled copies of the grid at every pass (the same
+passes, K times the network evaluations).
 `--merge` adds the chosen settings to an existing table of the same checkpoint and sets.
 Generated puzzles that the training set holds are dropped (the count is recorded). Speed: puzzles per second of the
 best diffusion setting with <= 12 passes on (a) vs the AR model, at batch 1 and batch 100, measured side by side.
@@ -34,7 +36,7 @@ import time
 
 import numpy as np
 
-SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repair rounds[, restarts[, constraint]]])
+SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repairs[, restarts[, constraint[, views]]]])
     ("ancestral", "ancestral", "", 12),
     ("ancestral", "ancestral", "", 24),
     ("top-probability", "top_k_top_probability", "", 12),
@@ -66,6 +68,9 @@ SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repair rounds
     # Rules + sure cells, up to one cell per pass: passes adapt to the puzzle (mean and max are both reported)
     ("margin + rules + sure >= 0.99", "top_k_margin", '{"also_above": 0.99}', 81, 0, 0, "sudoku"),
     ("margin + rules + sure >= 0.99", "top_k_margin", '{"also_above": 0.99}', 12, 0, 0, "sudoku"),
+    # Symmetry views (sampler.views="sudoku:K", views.py): each pass averages the model over K relabelled grids
+    ("margin + 8 symmetry views", "top_k_margin", "", 12, 0, 0, "", "sudoku:8"),
+    ("margin + rules + sure >= 0.99 + 8 views", "top_k_margin", '{"also_above": 0.99}', 81, 0, 0, "sudoku", "sudoku:8"),
 ]
 # Restart attempts draw tokens at T 1 and add Gumbel noise (scale 0.1) to the margin scores, so that they decide cells
 # in another order. Tuned on generated:24-29:200:11 (not an evaluation set), margin 81 + 4 restarts: no restart 62.5%;
@@ -73,6 +78,17 @@ SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repair rounds
 RESTART_TEMPERATURE = 1.0
 RESTART_SELECTION_KWARGS = '{"gumbel_scale": 0.1}'
 KAGGLE_BUDGETS = (12, 81)  # step budgets also scored on the Kaggle subset
+# The markdown's note under the table for each option some row used (row key -> paragraph)
+ROW_NOTES = {
+    "constraint": 'Rows with "rules": the Sudoku rule as a logit constraint (`sampler.constraint=sudoku`): at every '
+    "step a cell may not take a digit that a given or decided cell of its row, column or box holds, so the model's "
+    "probabilities are renormalised over the legal digits before sampling and ranking. Inference-time use of the "
+    "rules, like restarts; the other rows use the model alone.",
+    "views": 'Rows with "views": every pass runs the model on K relabelled copies of the grid in one batch (bands, '
+    "stacks, rows and columns inside them permuted, transposed, digits relabelled; `sampler.views=sudoku:K`) and "
+    "decides from the mean of their log-probabilities mapped back: the same passes, K times the network evaluations "
+    "(`network_evaluations_per_puzzle` in the JSON).",
+}
 
 
 def load_set(spec: str, train_seed: int, config) -> dict:
@@ -182,6 +198,7 @@ def main():
             "restart_temperature": RESTART_TEMPERATURE,
             "restart_selection_kwargs": RESTART_SELECTION_KWARGS,
             "constraint": row.get("constraint", ""),
+            "views": row.get("views", ""),
             **temperature,
         }
 
@@ -196,6 +213,7 @@ def main():
             "repair_rounds": more[0] if more else 0,
             "restarts": more[1] if len(more) > 1 else 0,
             "constraint": more[2] if len(more) > 2 else "",
+            "views": more[3] if len(more) > 3 else "",
         }
         if row["restarts"]:
             row["restart_temperature"] = RESTART_TEMPERATURE
@@ -391,14 +409,9 @@ def write_markdown(result: dict, path: pathlib.Path):
             + " (`sampler.restart_selection_kwargs`: Gumbel noise on the ranking scores, so that an attempt decides "
             "cells in another order); the passes include every attempt.",
         ]
-    if any(r.get("constraint") for r in rows):
-        lines += [
-            "",
-            'Rows with "rules": the Sudoku rule as a logit constraint (`sampler.constraint=sudoku`): at every step a '
-            "cell may not take a digit that a given or decided cell of its row, column or box holds, so the model's "
-            "probabilities are renormalised over the legal digits before sampling and ranking. Inference-time use of "
-            "the rules, like restarts; the other rows use the model alone.",
-        ]
+    for key, note in ROW_NOTES.items():  # one paragraph per inference-time option that some row used
+        if any(r.get(key) for r in rows):
+            lines += ["", note]
     full = (result.get("kaggle") or {}).get("full_file_best")
     if full:
         lines += [

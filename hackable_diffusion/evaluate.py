@@ -183,6 +183,7 @@ SUDOKU_REPORT_KEYS = (
     "restart_temperature",
     "restart_selection_kwargs",
     "constraint",
+    "views",
 )
 
 

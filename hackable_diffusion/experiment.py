@@ -45,6 +45,7 @@ from hackable_diffusion.sampling.constraints import make_constraint
 from hackable_diffusion.sampling.early_stopping import make_early_stopping
 from hackable_diffusion.sampling.selection import make_selection
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
+from hackable_diffusion.sampling.views import make_views
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sudoku: vocabulary, data, iterator
@@ -354,6 +355,7 @@ def build_sampler(config: ml_collections.ConfigDict, process: NoiseProcess, **ov
         forbidden_tokens=(0, 2, 3),  # never generate PAD, BOS or MASK
         score_temperature=s.get("score_temperature", 0.0) or None,  # 0 = score the sampling distribution
         constraint=make_constraint(str(s.get("constraint", "") or "")),
+        views=make_views(str(s.get("views", "") or "")),
     )
     return sampler.replace(**overrides) if overrides else sampler
 
@@ -654,6 +656,10 @@ def solve_sudoku(
         )
     if layout == "ar" and str(config.sampler.get("constraint", "") or ""):
         raise ValueError("sampler.constraint acts on a diffusion step's logits; the AR layout has no such sampler.")
+    if layout != "in_place" and str(config.sampler.get("views", "") or ""):
+        raise ValueError(
+            f"sampler.views relabels the canvas but not a prompt; it needs the in-place layout, not {layout!r}."
+        )
     if rounds and layout == "ar":
         raise ValueError("sampler.repair_rounds re-decodes cells in place; the AR layout has no such sampler.")
     restarts = int(config.sampler.get("restarts", 0))
@@ -796,6 +802,9 @@ def evaluate_sudoku(
     out["forward_passes_per_puzzle"] = float(solution.steps.mean())
     out["max_forward_passes_per_puzzle"] = int(solution.steps.max())
     out["batch_forward_passes"] = solution.batch_forward_passes
+    views = make_views(str(with_sampler_overrides(exp.config, sampler_overrides or {}).sampler.get("views", "") or ""))
+    # network evaluations: a pass with K symmetry views runs the model on K copies of the grid (views.py)
+    out["network_evaluations_per_puzzle"] = float(solution.steps.mean()) * (views.num_views if views else 1)
     out["puzzles_per_second"] = float(len(puzzles) / max(solution.seconds, 1e-9))
     out["solve_seconds"] = solution.seconds
     out["givens_kept"] = bool(sudoku_lib.respects_givens(solution.predictions, puzzles).all())

@@ -97,6 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
             restart_temperature=1.0,  # token temperature of those fresh attempts (diversity; the first keeps its own)
             restart_selection_kwargs="",  # JSON merged into selection_kwargs for restarts, e.g. '{"gumbel_scale": 0.1}'
             constraint="",  # "sudoku": a digit a decided cell of the row/column/box holds is excluded (constraints.py)
+            views="",  # "sudoku:K": each step averages the model over K symmetric copies of the grid (views.py)
         )
     )
     return c

@@ -57,6 +57,7 @@ from hackable_diffusion.sampling.constraints import LogitConstraint
 from hackable_diffusion.sampling.early_stopping import EarlyStopping, diffusiongemma_early_stopping
 from hackable_diffusion.sampling.selection import NEG_LOGIT, EntropyBound, SelectionRule, StepInfo
 from hackable_diffusion.sampling.temperature import AnnealedTemperature, Temperature
+from hackable_diffusion.sampling.views import PermutationViews
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,9 @@ class DiffusionSampler:
       instead (1.0: the model's own probabilities, as Kim et al. 2025 rank by, while tokens are drawn near-greedily).
       A near-zero sampling temperature saturates every confidence at 1 and every entropy at 0, so the ranking then
       degenerates to ties broken by position (left to right); scoring at 1.0 keeps the model's ranking.
+    views: None = one model call per step; PermutationViews = the step's logits are the mean log-probabilities of the
+      model over K relabelled copies of the canvas, batched (views.py; K x the FLOPs, the same number of passes). The
+      cached prefix is shared, not relabelled: meant for a task solved in place on an empty cache (Sudoku).
     """
 
     process: NoiseProcess
@@ -83,6 +87,7 @@ class DiffusionSampler:
     forbidden_tokens: tuple[int, ...] = ()
     score_temperature: float | None = None
     constraint: LogitConstraint | None = None
+    views: PermutationViews | None = None
 
     def __post_init__(self):
         checks = (
@@ -112,6 +117,14 @@ class DiffusionSampler:
         object.__setattr__(self, "forbidden_tokens", forbidden)
         if self.constraint is not None and not isinstance(self.constraint, LogitConstraint):
             raise ValueError(f"DiffusionSampler.constraint must be a LogitConstraint or None, got {self.constraint!r}.")
+        if self.views is not None:
+            if not isinstance(self.views, PermutationViews):
+                raise ValueError(f"DiffusionSampler.views must be PermutationViews or None, got {self.views!r}.")
+            if self.views.vocab_size != self.process.vocab_size:
+                raise ValueError(
+                    f"DiffusionSampler.views relabel {self.views.vocab_size} token ids, the process has "
+                    f"{self.process.vocab_size}."
+                )
         if self.score_temperature is not None and not self.score_temperature > 0:
             raise ValueError(
                 f"DiffusionSampler.score_temperature must be None (score the sampling distribution) or > 0, got "
@@ -216,6 +229,18 @@ def canvas_logits(
     return logits
 
 
+def tile_cache(cache: KVCache, copies: int) -> KVCache:
+    """The cache repeated `copies` times along the batch, copy-major (rows k*b .. (k+1)*b - 1 are copy k)."""
+    if copies == 1:
+        return cache
+    layers = tuple({name: jnp.concatenate([x] * copies, axis=1) for name, x in layer.items()} for layer in cache.layers)
+    return cache.replace(
+        layers=layers,
+        positions=jnp.concatenate([cache.positions] * copies, axis=0),
+        valid=jnp.concatenate([cache.valid] * copies, axis=0),
+    )
+
+
 def _denoise(
     model, params, cache, canvas, keys, fixed, active, *, sampler: DiffusionSampler, return_trajectory: bool
 ) -> CanvasResult:
@@ -228,6 +253,13 @@ def _denoise(
     has_sc = model.cfg.self_conditioning
     use_sc = sampler.uses_self_conditioning(model)
     null_sc = T.model_method(model, params, "null_sc_signal", (b, c), kind=sampler.null_signal) if has_sc else None
+    if sampler.views is not None:
+        if use_sc:
+            raise ValueError(
+                "DiffusionSampler.views averages the model over relabelled canvases; a self-conditioning signal is not "
+                "relabelled with them. Use self_conditioning=False or no views."
+            )
+        view_cache = tile_cache(cache, sampler.views.num_views)  # every view sees the same prefix
 
     def cond(state):
         return (state["step"] < num_steps) & ~jnp.all(state["done"])
@@ -235,7 +267,10 @@ def _denoise(
     def body(state):
         step, old = state["step"], state["canvas"]
         info = StepInfo.at(step, num_steps, process.schedule, free, persistent)
-        logits = canvas_logits(model, params, cache, old, state.get("sc"))
+        if sampler.views is None:
+            logits = canvas_logits(model, params, cache, old, state.get("sc"))
+        else:  # the mean log-probabilities of K relabelled copies, one batched call (views.py)
+            logits = sampler.views(lambda v: canvas_logits(model, params, view_cache, v, None), old)
         biased = logits.astype(jnp.float32) + bias
         if sampler.constraint is not None:  # the task's rules, given what is decided so far (constraints.py)
             decided = (fixed | (old != process.mask_id)) if persistent else fixed

@@ -207,7 +207,8 @@ def plot_curves(report: dict, path: pathlib.Path):
         if pts:
             ax.plot(*zip(*pts), marker="o", label=f"{name} ({'NLL' if r['model'] == 'autoregressive' else 'ELBO'})")
     ax.set_xlabel("training tokens (millions)")
-    ax.set_ylabel("validation bits per character (subset of the split)")
+    per_char = any("bits_per_char" in c for r in report["runs"].values() for c in r["curve"])
+    ax.set_ylabel(f"validation bits per {'character' if per_char else 'token'} (subset of the split)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -235,7 +235,8 @@ def plot_quality_speed(report: dict, path: pathlib.Path):
                     ax.annotate(f"{steps}/{gamma:g}", (x, y), fontsize=6)
         else:
             s = r["samples"]
-            ax.scatter([s["tokens_per_s"]], [s["gen_ppl"]], marker="x", s=80, c="k", label=f"{name} (AR)")
+            kind = "AR" if r["model"] == "autoregressive" else "its own sampler, no sweep"
+            ax.scatter([s["tokens_per_s"]], [s["gen_ppl"]], marker="x", s=80, label=f"{name} ({kind})")
     ax.set_xscale("log")
     ax.set_xlabel("tokens/s (this CPU)")
     ax.set_ylabel("generative perplexity under the AR run")

@@ -182,6 +182,7 @@ SUDOKU_REPORT_KEYS = (
     "restarts",
     "restart_temperature",
     "restart_selection_kwargs",
+    "pass_budget",
     "constraint",
     "views",
 )

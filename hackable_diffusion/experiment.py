@@ -637,6 +637,11 @@ def solve_sudoku(
     selection arguments merged with `sampler.restart_selection_kwargs` (e.g. Gumbel noise on the ranking), up to K
     times; the first rule-abiding attempt is kept, otherwise the attempt with the fewest conflicting cells. Rows
     that abide by the rules are never touched, and every attempt's passes count.
+
+    `sampler.pass_budget` = B > 0 caps the forward passes of every puzzle at B, restarts included: a row is restarted
+    only while its passes so far plus an attempt's most (`num_steps` x (1 + repair_rounds); the AR layout 81 + 1) fit
+    in B. With selection that decides sure cells early (`selection_kwargs={"also_above": ...}`) most rows finish their
+    first attempt in a few passes, which leaves room for another attempt inside the same budget.
     """
     import time
 
@@ -669,6 +674,13 @@ def solve_sudoku(
     if restarts and restart_temperature <= 0:
         raise ValueError(
             f"sampler.restart_temperature={restart_temperature} must be > 0: a restart needs fresh randomness."
+        )
+    attempt_passes = 82 if layout == "ar" else int(config.sampler.num_steps) * (1 + rounds)  # AR: prefill + 81 cells
+    pass_budget = int(config.sampler.get("pass_budget", 0))
+    if pass_budget < 0 or (pass_budget and pass_budget < attempt_passes):
+        raise ValueError(
+            f"sampler.pass_budget={pass_budget} must be 0 (no cap) or at least one attempt's passes ({attempt_passes}"
+            " = num_steps x (1 + repair_rounds)); lower sampler.num_steps or raise the budget."
         )
     vocab = exp.tokenizer
     n = len(puzzles)
@@ -762,7 +774,8 @@ def solve_sudoku(
     conflicts = sudoku_lib.conflicting_cells(preds).sum(axis=-1)
     for restart_index in range(restarts):
         # Restart (verifier-guided): a grid that breaks a rule is certainly wrong; solve its puzzle again afresh.
-        todo = np.flatnonzero(conflicts > 0)
+        fits = (steps + attempt_passes <= pass_budget) if pass_budget else np.ones(n, bool)
+        todo = np.flatnonzero((conflicts > 0) & fits)
         if not len(todo):
             break
         base_key = jax.random.fold_in(jax.random.key(seed), 10_000 + restart_index)

@@ -96,6 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
             restarts=0,  # Sudoku only: solve a grid that still breaks a rule again from the puzzle, up to this many times
             restart_temperature=1.0,  # token temperature of those fresh attempts (diversity; the first keeps its own)
             restart_selection_kwargs="",  # JSON merged into selection_kwargs for restarts, e.g. '{"gumbel_scale": 0.1}'
+            pass_budget=0,  # Sudoku only: most forward passes per puzzle, restarts included (0 = no cap)
             constraint="",  # "sudoku": a digit a decided cell of the row/column/box holds is excluded (constraints.py)
             views="",  # "sudoku:K": each step averages the model over K symmetric copies of the grid (views.py)
         )

@@ -228,6 +228,20 @@ def test_restarts_resolve_only_rule_breaking_rows_and_never_worsen_them(tmp_path
     after_repair = sudoku_lib.conflicting_cells(repaired.predictions).sum(axis=-1)
     assert (sudoku_lib.conflicting_cells(both.predictions).sum(axis=-1) <= after_repair).all()
     assert (both.steps[after_repair > 0] > repaired.steps[after_repair > 0]).all()
+    # A pass budget of 12 leaves room for one restart of 5 passes after the first 5, not for a third attempt: the
+    # rows agree with 1 restart, never exceed 12 passes, and a budget below one attempt is refused.
+    overrides = {"restarts": 3, "restart_temperature": 1.0}
+    capped = experiment.solve_sudoku(
+        exp, params, puzzles, seed=0, batch_size=4, sampler_overrides={**overrides, "pass_budget": 12}
+    )
+    one = experiment.solve_sudoku(
+        exp, params, puzzles, seed=0, batch_size=4, sampler_overrides={**overrides, "restarts": 1}
+    )
+    np.testing.assert_array_equal(capped.predictions, one.predictions)
+    np.testing.assert_array_equal(capped.steps, one.steps)
+    assert capped.steps.max() <= 12 and (capped.steps[~clean] == plain.steps[~clean] + 5).all()
+    with pytest.raises(ValueError, match="pass_budget"):
+        experiment.solve_sudoku(exp, params, puzzles, sampler_overrides={**overrides, "pass_budget": 4})
     # The AR layout restarts too, drawing tokens at restart_temperature instead of greedily.
     ar = experiment.build(_tiny("ar", tmp_path=tmp_path), "unused")
     ar_params = T.init_params(ar.model, jax.random.key(0))

@@ -19,7 +19,8 @@ whose grid still breaks a rule again from scratch, tokens at `RESTART_TEMPERATUR
 Gumbel noise on the margin scores (`RESTART_SELECTION_KWARGS`), up to K times; every attempt's passes count.
 The views rows (`sampler.views`) average the model over K relabelled copies of the grid at every pass (the same
 passes, K times the network evaluations).
-`--merge` adds the chosen settings to an existing table of the same checkpoint and sets.
+`--merge` adds the chosen settings to an existing table of the same checkpoint and sets. `--resume_from LOG` takes
+the rows that an interrupted run already printed (its stdout, one JSON line per row) instead of solving them again.
 Generated puzzles that the training set holds are dropped (the count is recorded). Speed: puzzles per second of the
 best diffusion setting with <= 12 passes on (a) vs the AR model, at batch 1 and batch 100, measured side by side.
 
@@ -154,6 +155,12 @@ def main():
     parser.add_argument("--out", default="results/sudoku")
     parser.add_argument("--settings", default="", help="comma-separated indices into SETTINGS (default: all)")
     parser.add_argument(
+        "--resume_from",
+        default="",
+        help="stdout of an earlier run of this script with the same checkpoint, --num and Kaggle options: rows with "
+        "the same settings are taken from it instead of solved again",
+    )
+    parser.add_argument(
         "--temperature", type=float, default=0.0, help="sampling temperature for every setting (0: the run's config)"
     )
     parser.add_argument(
@@ -202,6 +209,7 @@ def main():
             **temperature,
         }
 
+    done = rows_printed(pathlib.Path(args.resume_from), step) if args.resume_from else {}
     rows = []
     for label, selection, kwargs, steps, *more in chosen:
         row = {
@@ -218,6 +226,11 @@ def main():
         if row["restarts"]:
             row["restart_temperature"] = RESTART_TEMPERATURE
             row["restart_selection_kwargs"] = RESTART_SELECTION_KWARGS
+        if setting_key(row) in done:
+            print(f"resumed: {label} <= {steps} from {args.resume_from}", flush=True)
+            rows.append(done[setting_key(row)])
+            continue
+        row["checkpoint_step"] = step
         overrides = overrides_of(row)
         start = time.perf_counter()
         for name, data in sets.items():
@@ -325,6 +338,40 @@ def main():
     write_markdown(result, out / "samplers.md")
     plot(result, out / "samplers.png")
     print(f"wrote {out}/samplers.{{json,md,png}}", flush=True)
+
+
+SETTING_KEYS = ("sampler", "selection", "kwargs", "max_steps", "repair_rounds", "restarts", "constraint", "views")
+
+
+def setting_key(row: dict) -> tuple:
+    return tuple(row.get(k, "") for k in SETTING_KEYS)
+
+
+def rows_printed(log: pathlib.Path, step: int) -> dict[tuple, dict]:
+    """The diffusion rows an earlier run printed to `log` (its stdout), by setting. A row that names another checkpoint
+    step is refused; rows printed before rows carried their step are taken on trust, with a warning."""
+    if not log.is_file():
+        raise FileNotFoundError(f"--resume_from={log}: no such file (give the stdout of an earlier run).")
+    found = {}
+    for number, line in enumerate(log.read_text().splitlines(), 1):
+        if not line.startswith("{"):
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            print(f"--resume_from: line {number} is not complete JSON (an interrupted write?); skipped", flush=True)
+            continue
+        if row.get("model") != "diffusion (in place)" or "a_30_36" not in row:
+            continue
+        if "checkpoint_step" not in row:
+            print(f"--resume_from: line {number} does not record its checkpoint; assumed step {step}", flush=True)
+        elif row["checkpoint_step"] != step:
+            raise ValueError(
+                f"--resume_from={log} line {number} is from checkpoint step {row['checkpoint_step']}, this run is at "
+                f"step {step}; rows of two checkpoints would be mixed in one table."
+            )
+        found[setting_key(row)] = row
+    return found
 
 
 def check_merge(path: pathlib.Path, args, step: int) -> dict:

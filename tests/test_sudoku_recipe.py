@@ -210,6 +210,20 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
         ("top-prob. margin", 12, 0),
         ("margin + 4 restarts", 12, 4),
     ]
+    # An interrupted run's printed rows are taken over, not solved again (a fresh solve would time differently).
+    log = tmp_path / "table.log"
+    log.write_text("resumed: noise\n" + "".join(json.dumps(r) + "\n" for r in table["rows"]))
+    resumed_dir = tmp_path / "resumed"
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["sudoku_samplers.py", *common[:-1], str(resumed_dir), "--settings", "4,16", "--resume_from", str(log)],
+    )
+    runpy.run_path(script, run_name="__main__")
+    assert json.loads((resumed_dir / "samplers.json").read_text())["rows"] == table["rows"]
+    log.write_text(json.dumps({**table["rows"][0], "checkpoint_step": 99}) + "\n")
+    with pytest.raises(ValueError, match="checkpoint step 99"):
+        runpy.run_path(script, run_name="__main__")
     monkeypatch.setattr(sys, "argv", ["sudoku_samplers.py", *common, "--settings", "24", "--merge"])
     runpy.run_path(script, run_name="__main__")
     merged = json.loads((out_dir / "samplers.json").read_text())

@@ -510,6 +510,7 @@ def plot(result: dict, path: pathlib.Path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
     for ax, name, title in zip(axes, ("a_30_36", "b_24_29"), ("(a) 30–36 givens", "(b) 24–29 givens")):
@@ -526,6 +527,8 @@ def plot(result: dict, path: pathlib.Path):
             s = result["ar"][name]
             ax.scatter([s["forward_passes_per_puzzle"]], [100 * s["accuracy"]], marker="x", s=80, c="k", label="AR")
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())  # 4, 6, 10 rather than 4 x 10^0
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("forward passes per puzzle")
         ax.set_title(title)
         ax.grid(alpha=0.3)

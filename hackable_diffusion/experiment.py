@@ -639,9 +639,10 @@ def solve_sudoku(
     that abide by the rules are never touched, and every attempt's passes count.
 
     `sampler.pass_budget` = B > 0 caps the forward passes of every puzzle at B, restarts included: a row is restarted
-    only while its passes so far plus an attempt's most (`num_steps` x (1 + repair_rounds); the AR layout 81 + 1) fit
-    in B. With selection that decides sure cells early (`selection_kwargs={"also_above": ...}`) most rows finish their
-    first attempt in a few passes, which leaves room for another attempt inside the same budget.
+    only while its passes so far plus an attempt's most (`num_steps` x (1 + repair_rounds), each decode of the canvas
+    layout one more for its prefill; the AR layout 81 + 1) fit in B. With selection that decides sure cells early
+    (`selection_kwargs={"also_above": ...}`) most rows finish their first attempt in a few passes, which leaves room
+    for another attempt inside the same budget.
     """
     import time
 
@@ -675,12 +676,14 @@ def solve_sudoku(
         raise ValueError(
             f"sampler.restart_temperature={restart_temperature} must be > 0: a restart needs fresh randomness."
         )
-    attempt_passes = 82 if layout == "ar" else int(config.sampler.num_steps) * (1 + rounds)  # AR: prefill + 81 cells
+    # the most passes one attempt can take: AR prefill + 81 cells; in place num_steps per decode; canvas + 1 prefill
+    per_decode = int(config.sampler.num_steps) + (1 if layout == "canvas" else 0)
+    attempt_passes = 82 if layout == "ar" else per_decode * (1 + rounds)
     pass_budget = int(config.sampler.get("pass_budget", 0))
     if pass_budget < 0 or (pass_budget and pass_budget < attempt_passes):
         raise ValueError(
             f"sampler.pass_budget={pass_budget} must be 0 (no cap) or at least one attempt's passes ({attempt_passes}"
-            " = num_steps x (1 + repair_rounds)); lower sampler.num_steps or raise the budget."
+            " with num_steps, repair_rounds and the layout's prefill); lower sampler.num_steps or raise the budget."
         )
     vocab = exp.tokenizer
     n = len(puzzles)

@@ -226,9 +226,9 @@ def main():
         if row["restarts"]:
             row["restart_temperature"] = RESTART_TEMPERATURE
             row["restart_selection_kwargs"] = RESTART_SELECTION_KWARGS
-        if setting_key(row) in done:
+        if (key := setting_key(row)) in done:
             print(f"resumed: {label} <= {steps} from {args.resume_from}", flush=True)
-            rows.append(done[setting_key(row)])
+            rows.append(done[key])
             continue
         row["checkpoint_step"] = step
         overrides = overrides_of(row)

@@ -777,7 +777,7 @@ def solve_sudoku(
     conflicts = sudoku_lib.conflicting_cells(preds).sum(axis=-1)
     for restart_index in range(restarts):
         # Restart (verifier-guided): a grid that breaks a rule is certainly wrong; solve its puzzle again afresh.
-        fits = (steps + attempt_passes <= pass_budget) if pass_budget else np.ones(n, bool)
+        fits = steps + attempt_passes <= pass_budget if pass_budget else True
         todo = np.flatnonzero((conflicts > 0) & fits)
         if not len(todo):
             break

@@ -256,6 +256,12 @@ def build_process(config: ml_collections.ConfigDict, vocab_size: int) -> NoisePr
     raise ValueError(f"config.diffusion.process={d.process!r} must be 'uniform', 'masking' or 'none'.")
 
 
+def _token_reweight(d: ml_collections.ConfigDict) -> tuple[float, float] | None:
+    """(alpha, gamma) of MGDM's token reweighting, or None for the plain loss (also for runs saved before the keys)."""
+    alpha, gamma = float(d.get("token_reweight_alpha", 1.0)), float(d.get("token_reweight_gamma", 0.0))
+    return None if (alpha, gamma) == (1.0, 0.0) else (alpha, gamma)
+
+
 def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, process: NoiseProcess | None):
     d = config.diffusion
     if d.objective == "ar" or process is None:
@@ -272,7 +278,14 @@ def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, pro
         null_signal=d.null_signal,
     )
     if d.objective == "pretrain":
-        return obj_lib.DiffusionPretrainObjective(model, process, canvas_len=d.canvas_len or None, **common)
+        return obj_lib.DiffusionPretrainObjective(
+            model, process, canvas_len=d.canvas_len or None, token_reweight=_token_reweight(d), **common
+        )
+    if _token_reweight(d) is not None:
+        raise ValueError(
+            "config.diffusion.token_reweight_alpha/gamma apply to objective='pretrain' with loss='masked_ce' only; "
+            "reset them to 1 and 0."
+        )
     if d.objective == "sft":
         return obj_lib.CanvasSFTObjective(model, process, canvas_len=d.canvas_len, **common)
     raise ValueError(f"config.diffusion.objective={d.objective!r} must be 'pretrain', 'sft' or 'ar'.")

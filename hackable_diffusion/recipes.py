@@ -48,6 +48,8 @@ def base_config() -> ml_collections.ConfigDict:
             encoder_ar_weight=0.0,
             self_condition_prob=0.0,
             null_signal="zeros",
+            token_reweight_alpha=1.0,  # masked_ce only: each masked position's CE times alpha (1 - p)^gamma (MGDM)
+            token_reweight_gamma=0.0,  # 0 with alpha 1: plain masked_ce
         )
     )
     c.optimizer = ml_collections.ConfigDict(

@@ -7,26 +7,11 @@ import sys
 
 import pytest
 
+from _tiny_configs import tiny_text_config
+
 from hackable_diffusion import cli, recipes
-from hackable_diffusion.models import presets
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def tiny_text_config(process="uniform", steps=6):
-    c = recipes.text_config(
-        "shakespeare", process, model=presets.tiny(), steps=steps, seq_len=32, batch_size=8, canvas_len=8
-    )
-    c.optimizer.warmup_steps = 2
-    c.train.log_every = 3
-    c.train.eval_every = 3
-    c.train.checkpoint_every = 3
-    c.eval.num_batches = 1
-    c.eval.batch_size = 8
-    c.sampler.num_steps = 4
-    c.sampler.canvas_len = 8
-    c.sampler.max_new_tokens = 16
-    return c
 
 
 def test_batch_not_divisible_by_mesh_is_a_clear_error(tmp_path):
@@ -97,40 +82,6 @@ def test_train_resume_sample_and_evaluate(tmp_path, capsys):
     metrics = evaluate.likelihood(workdir, num_batches=2, batch_size=8)
     assert metrics["bits_per_token"] > 0 and metrics["bits_per_char"] > 0
     assert metrics["bound"] == "ELBO (upper bound on NLL)"
-
-
-def test_masking_and_autoregressive_runs_train_sample_and_score(tmp_path, capsys):
-    from hackable_diffusion import evaluate, train
-
-    for process in ("masking", "none"):
-        config = tiny_text_config(process, steps=2)
-        config.train.eval_every = 0
-        config.train.checkpoint_every = 2
-        train.run(config, str(tmp_path / process))
-        assert "Sample (" + ("autoregressive" if process == "none" else "diffusion") in capsys.readouterr().out
-        metrics = evaluate.likelihood(str(tmp_path / process), num_batches=1, batch_size=8)
-        assert metrics["bound"] == ("exact NLL" if process == "none" else "ELBO (upper bound on NLL)")
-
-    # Generative perplexity of the diffusion run's samples under the AR run, with a sampler override.
-    scored = evaluate.likelihood(
-        str(tmp_path / "masking"),
-        num_batches=1,
-        batch_size=8,
-        repeats=2,
-        num_samples=2,
-        max_new_tokens=16,
-        scorer_workdir=str(tmp_path / "none"),
-        sampler=["num_steps=3"],
-    )
-    assert scored["sampler"]["num_steps"] == 3 and scored["mean_steps_per_canvas"] <= 3
-    assert 0 < scored["gen_tokens"] <= 32 and scored["gen_ppl"] > 1 and len(scored["samples"]) == 2
-    assert scored["bits_per_token_se"] >= 0
-    with pytest.raises(ValueError, match="autoregressive scorer"):
-        evaluate.likelihood(
-            str(tmp_path / "none"), num_batches=1, num_samples=1, scorer_workdir=str(tmp_path / "masking")
-        )
-    with pytest.raises(ValueError, match="KEY=VALUE"):
-        evaluate.likelihood(str(tmp_path / "masking"), num_batches=1, sampler=["num_steps"])
 
 
 def test_every_config_file_loads_and_the_text_triples_see_the_same_tokens():

@@ -217,6 +217,27 @@ def test_masked_token_cross_entropy_is_the_pooled_mean_over_masked_positions():
     np.testing.assert_allclose(jnp.mean(got), (math.log(4 / 3) + math.log(4)) / 2, rtol=1e-5)
 
 
+def test_token_reweighting_weighs_each_masked_position_by_alpha_times_one_minus_p_to_the_gamma():
+    # MGDM (Ye et al. 2024): CE_i * alpha * (1 - p_i)^gamma, pooled over the masked positions as before.
+    probs = jnp.array([0.25, 0.75, 0.0])
+    logits = jnp.broadcast_to(jnp.log(probs + 1e-30), (2, 3, 3)).at[..., 2].set(5.0)
+    x0 = jnp.array([[1, 0, 1], [0, 1, 1]])
+    xt = jnp.array([[2, 2, 1], [2, 1, 1]])  # masked: (0,0) p=.75, (0,1) p=.25, (1,0) p=.25
+    got = L.masked_token_cross_entropy(logits, x0, xt, mask_id=2, token_reweight=(0.25, 1.0))
+    want = 0.25 * (0.25 * math.log(4 / 3) + 0.75 * math.log(4) + 0.75 * math.log(4)) / 3
+    np.testing.assert_allclose(jnp.mean(got), want, rtol=1e-5)
+    squared = L.masked_token_cross_entropy(logits, x0, xt, mask_id=2, token_reweight=(1.0, 2.0))
+    np.testing.assert_allclose(jnp.mean(squared), (0.0625 * math.log(4 / 3) + 2 * 0.5625 * math.log(4)) / 3, rtol=1e-5)
+    plain = L.masked_token_cross_entropy(logits, x0, xt, mask_id=2)
+    np.testing.assert_allclose(L.masked_token_cross_entropy(logits, x0, xt, 2, token_reweight=(0.5, 0.0)), plain / 2)
+    # Not stop-gradiented (focal form): d/dl [(1 - e^-l) l] = (1 - e^-l) + l e^-l.
+    nll = jnp.array(0.7)
+    grad = jax.grad(lambda l: L.token_reweight_factor(l, 1.0, 1.0) * l)(nll)
+    np.testing.assert_allclose(grad, (1 - math.exp(-0.7)) + 0.7 * math.exp(-0.7), rtol=1e-6)
+    with pytest.raises(ValueError, match="gamma >= 0"):
+        L.token_reweight_factor(nll, 1.0, -1.0)
+
+
 def test_autoregressive_cross_entropy_by_hand():
     probs = jnp.array([[[0.1, 0.6, 0.3], [0.2, 0.2, 0.6], [0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]]])
     tokens = jnp.array([[0, 1, 2, 0]])

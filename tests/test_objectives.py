@@ -158,3 +158,10 @@ def test_masked_ce_loss_is_the_pooled_masked_cross_entropy_and_needs_masking():
     assert m["elbo_bits_per_token"] > 0  # the ELBO is still reported
     with pytest.raises(ValueError, match="masking process"):  # caught when the objective is built
         O.DiffusionPretrainObjective(model, UniformProcess(vocab_size=V, schedule=LinearSchedule()), loss="masked_ce")
+    # MGDM token reweighting: every masked position's CE times alpha (1 - p)^gamma; only with masked_ce.
+    reweighted = O.DiffusionPretrainObjective(model, masking(), loss="masked_ce", token_reweight=(0.25, 1.0))
+    loss_rw, _ = reweighted(params, {"tokens": x0}, jax.random.key(0))
+    weight = 0.25 * (1 - jnp.exp(-nll))
+    np.testing.assert_allclose(loss_rw, jnp.sum(jnp.where(masked, weight * nll, 0.0)) / jnp.sum(masked), rtol=1e-5)
+    with pytest.raises(ValueError, match="token_reweight"):
+        O.DiffusionPretrainObjective(model, masking(), loss="elbo", token_reweight=(0.25, 1.0))

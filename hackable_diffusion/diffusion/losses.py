@@ -126,12 +126,29 @@ def bits_per_token(nats_per_example: Float[Array, "b"], tokens_per_example: Int[
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _masked_nll(logits, x0, xt, mask_id: int, loss_mask):
-    """Per example: the NLL of x0 summed over the masked loss positions (mask logit dropped, SUBS), and their count."""
+def _masked_nll(logits, x0, xt, mask_id: int, loss_mask, token_reweight: tuple[float, float] | None = None):
+    """Per example: the NLL of x0 summed over the masked loss positions (mask logit dropped, SUBS), and their count.
+    With `token_reweight` each position's NLL is first multiplied by `token_reweight_factor`."""
     positions = _positions(loss_mask, x0.shape) & (xt == mask_id)
     logits = logits.astype(_float_dtype(logits)).at[..., mask_id].set(-jnp.inf)
     nll = -_at_tokens(jax.nn.log_softmax(logits, axis=-1), x0)
+    if token_reweight is not None:
+        nll = token_reweight_factor(nll, *token_reweight) * nll
     return jnp.sum(jnp.where(positions, nll, 0.0), axis=-1), jnp.sum(positions, axis=-1)
+
+
+def token_reweight_factor(nll: Float[Array, "..."], alpha: float, gamma: float) -> Float[Array, "..."]:
+    """alpha * (1 - exp(-nll)) ** gamma = alpha * (1 - p) ** gamma, p the model's probability of the right token.
+
+    The token-level reweighting of Ye et al. 2024 (MGDM, "Beyond Autoregression", their Sudoku run: alpha 0.25,
+    gamma 1), a focal-loss form: positions the model already gets right weigh little, hard subgoals weigh more. The
+    factor is not stop-gradiented, as in focal loss. gamma 0 leaves the plain CE scaled by alpha.
+    """
+    if gamma < 0:
+        raise ValueError(f"token reweighting needs gamma >= 0, got {gamma}.")
+    if gamma == 0:
+        return jnp.full_like(nll, alpha)
+    return alpha * (-jnp.expm1(-nll)) ** gamma
 
 
 def masking_elbo_weight(schedule: Schedule, t: Float[Array, "b"]) -> Float[Array, "b"]:
@@ -323,14 +340,16 @@ def masked_token_cross_entropy(
     xt: Int[Array, "b l"],
     mask_id: int,
     loss_mask: Bool[Array, "b l"] | None = None,
+    token_reweight: tuple[float, float] | None = None,
 ) -> Float[Array, "b"]:
     """Unweighted CE over the masked positions, pooled over the batch (MaskGIT-style; no 1/t weight).
 
     Returns per-example sums scaled so that their mean is the batch's mean CE per masked position: an example counts
     in proportion to how many of its positions are masked, so heavily masked states (the start of decoding) weigh
-    more than under the ELBO, whose per-position weight is the same at every t in expectation.
+    more than under the ELBO, whose per-position weight is the same at every t in expectation. `token_reweight`
+    (alpha, gamma) weighs each position's CE by `token_reweight_factor` (MGDM).
     """
-    summed, count = _masked_nll(logits, x0, xt, mask_id, loss_mask)
+    summed, count = _masked_nll(logits, x0, xt, mask_id, loss_mask, token_reweight)
     return summed * x0.shape[0] / jnp.maximum(jnp.sum(count), 1)
 
 

@@ -21,7 +21,9 @@ uniform: `losses.uniform_elbo`), a bound in nats that is reported in bits per to
 unweighted cross-entropy over every position of the canvas (no time weighting, EOS fill included). Whatever the
 training loss, the metrics carry the ELBO of the same forward pass (`elbo_bits_per_token`), so uniform models trained
 with canvas CE still report a likelihood bound. "masked_ce" (masking only) is the unweighted CE over the masked
-positions pooled over the batch (MaskGIT-style), which weighs heavily masked examples more than the ELBO does.
+positions pooled over the batch (MaskGIT-style), which weighs heavily masked examples more than the ELBO does;
+`token_reweight=(alpha, gamma)` multiplies each position's CE by alpha (1 - p)^gamma, p the probability of the right
+token (Ye et al. 2024's MGDM token reweighting, `losses.token_reweight_factor`).
 
 Self-conditioning (`self_condition_prob` > 0, model built with `self_conditioning=True`, §1.7): a first decoder
 pass with the null signal, then a second pass whose signal is the first pass's (stop-gradient, raw) logits with
@@ -71,14 +73,15 @@ def _decoder_with_self_conditioning(
     return run(jnp.where(use, signal, null))
 
 
-def _diffusion_loss(loss: str, process: NoiseProcess, logits, x0, xt, t, loss_mask):
+def _diffusion_loss(loss: str, process: NoiseProcess, logits, x0, xt, t, loss_mask, token_reweight=None):
     """(training loss per example, ELBO nats per example)."""
     elbo = losses.process_elbo(logits, x0, xt, t, process, loss_mask)
     if loss == "elbo":
         per_token = elbo / jnp.maximum(jnp.sum(loss_mask, axis=-1), 1)
         return per_token, elbo
     if loss == "masked_ce":
-        return losses.masked_token_cross_entropy(logits, x0, xt, process.mask_id, loss_mask), elbo
+        ce = losses.masked_token_cross_entropy(logits, x0, xt, process.mask_id, loss_mask, token_reweight)
+        return ce, elbo
     return losses.canvas_cross_entropy(logits, x0, loss_mask), elbo
 
 
@@ -94,9 +97,15 @@ class DiffusionPretrainObjective:
     encoder_ar_weight: float = 0.0  # DiffusionGemma adds the encoder's next-token loss with weight 1
     self_condition_prob: float = 0.0
     null_signal: str = "zeros"
+    token_reweight: tuple[float, float] | None = None  # (alpha, gamma) of MGDM's token reweighting; masked_ce only
 
     def __post_init__(self):
         _check_loss(self.loss, self.process)
+        if self.token_reweight is not None and self.loss != "masked_ce":
+            raise ValueError(
+                f"token_reweight {self.token_reweight} weighs masked_ce's per-position CE; loss={self.loss!r} has "
+                "none. Set diffusion.loss='masked_ce' or token_reweight_gamma=0 and token_reweight_alpha=1."
+            )
         if self.canvas_len is None and self.encoder_ar_weight:
             raise ValueError(
                 "encoder_ar_weight needs block diffusion (canvas_len): one-canvas training has no encoder."
@@ -130,7 +139,7 @@ class DiffusionPretrainObjective:
         logits, aux = _decoder_with_self_conditioning(
             self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
         )
-        train, elbo = _diffusion_loss(self.loss, self.process, logits, x0, xt, t, loss_mask)
+        train, elbo = _diffusion_loss(self.loss, self.process, logits, x0, xt, t, loss_mask, self.token_reweight)
         count = jnp.sum(loss_mask, axis=-1)
         metrics = {
             "diffusion_loss": jnp.mean(train),
@@ -176,7 +185,9 @@ class DiffusionPretrainObjective:
         logits, aux = _decoder_with_self_conditioning(
             self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
         )
-        train, elbo = _diffusion_loss(self.loss, self.process, logits.reshape(b * n, c, -1), x0_c, xt_c, t, mask_c)
+        train, elbo = _diffusion_loss(
+            self.loss, self.process, logits.reshape(b * n, c, -1), x0_c, xt_c, t, mask_c, self.token_reweight
+        )
         ar, _ = losses.autoregressive_cross_entropy(enc_logits, x0, token_mask)
         count = jnp.sum(mask_c)
         diffusion = jnp.mean(train)

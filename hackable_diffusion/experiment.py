@@ -277,11 +277,12 @@ def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, pro
         self_condition_prob=d.self_condition_prob,
         null_signal=d.null_signal,
     )
+    token_reweight = _token_reweight(d)
     if d.objective == "pretrain":
         return obj_lib.DiffusionPretrainObjective(
-            model, process, canvas_len=d.canvas_len or None, token_reweight=_token_reweight(d), **common
+            model, process, canvas_len=d.canvas_len or None, token_reweight=token_reweight, **common
         )
-    if _token_reweight(d) is not None:
+    if token_reweight is not None:
         raise ValueError(
             "config.diffusion.token_reweight_alpha/gamma apply to objective='pretrain' with loss='masked_ce' only; "
             "reset them to 1 and 0."

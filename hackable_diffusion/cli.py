@@ -6,6 +6,7 @@ unknown key stops the command with one line naming the key and the closest exist
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import importlib.util
 import json
@@ -71,9 +72,59 @@ def precheck_argv(argv: Sequence[str], flag: str = "config") -> None:
         sys.exit(2)
 
 
-def save_config(config: ml_collections.ConfigDict, path: pathlib.Path) -> None:
+CONFIG_CHANGES_FILE = "config_changes.jsonl"
+_ABSENT = "<absent>"
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_changes(saved: dict, current: dict) -> dict[str, tuple]:
+    """Dotted key -> (saved value, current value) for every leaf that differs; a missing side reads "<absent>"."""
+    before, after = _flatten(saved), _flatten(current)
+    return {
+        key: (before.get(key, _ABSENT), after.get(key, _ABSENT))
+        for key in sorted(before.keys() | after.keys())
+        if before.get(key, _ABSENT) != after.get(key, _ABSENT)
+    }
+
+
+def save_config(config: ml_collections.ConfigDict, path: pathlib.Path) -> dict[str, tuple]:
+    """Writes `config` to `path` (JSON); returns what changed against the config already saved there.
+
+    Rerunning a workdir with overrides (e.g. a longer `train.num_steps` to continue a run) replaces config.json, so
+    that the saved config describes the run from now on; the keys that changed, with their old and new values, are
+    printed and appended to `config_changes.jsonl` beside it, so the run's history is not lost.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str) + "\n")
+    # Round-trip through JSON so that tuples, numpy scalars etc. compare as they are stored.
+    current = json.loads(json.dumps(config.to_dict(), sort_keys=True, default=str))
+    changes = {}
+    if path.is_file():
+        changes = config_changes(json.loads(path.read_text()), current)
+        if changes:
+            lines = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
+            print(
+                f"{path} exists and this config differs from it in {len(changes)} key(s); saving the new one and "
+                f"recording the change in {path.parent / CONFIG_CHANGES_FILE}:\n{lines}",
+                flush=True,
+            )
+            record = {
+                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "changes": {key: [old, new] for key, (old, new) in changes.items()},
+            }
+            with open(path.parent / CONFIG_CHANGES_FILE, "a") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+    path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    return changes
 
 
 def load_saved_config(workdir: str) -> ml_collections.ConfigDict:

@@ -5,8 +5,9 @@
 Builds the experiment from the config (data, model, process, objective, optimizer, mesh), trains with periodic
 evaluation and checkpoints (running the same command again resumes from the workdir), then prints a sample from the
 configured sampler (Sudoku, `config.data.task="sudoku"`: solves held-out generated puzzles instead). The resolved
-config is printed and saved to `workdir/config.json`; an override of a key that does not exist stops the command with
-the closest existing keys. Multi-host: pass --coordinator_address,
+config is printed and saved to `workdir/config.json` (rerunning with changed overrides, e.g. a longer
+`train.num_steps`, prints the changed keys and appends them to `workdir/config_changes.jsonl`); an override of a key
+that does not exist stops the command with the closest existing keys. Multi-host: pass --coordinator_address,
 --num_processes and --process_id (or set JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID).
 """
 

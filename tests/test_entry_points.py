@@ -105,6 +105,32 @@ def test_every_config_file_loads_and_the_text_triples_see_the_same_tokens():
         assert all(shape == entries[0][1] for _, shape in entries), key
 
 
+def test_rerunning_a_workdir_with_a_changed_config_records_the_change(tmp_path, capsys):
+    """config.json is replaced by the new config, and what changed (old -> new) goes to config_changes.jsonl."""
+    path = tmp_path / "config.json"
+    config = recipes.base_config()
+    assert cli.save_config(config, path) == {}  # first run: nothing to compare with
+    assert cli.save_config(config, path) == {}  # the same command again (a plain resume): nothing recorded
+    assert not (tmp_path / cli.CONFIG_CHANGES_FILE).exists()
+
+    longer = recipes.base_config()
+    longer.train.num_steps = config.train.num_steps + 100
+    longer.optimizer.peak_lr = config.optimizer.peak_lr / 2
+    longer.data.new_key = "x"  # keys that appear or disappear are recorded too
+    changes = cli.save_config(longer, path)
+    expected = {
+        "data.new_key": ("<absent>", "x"),
+        "optimizer.peak_lr": (config.optimizer.peak_lr, config.optimizer.peak_lr / 2),
+        "train.num_steps": (config.train.num_steps, config.train.num_steps + 100),
+    }
+    assert changes == expected
+    assert "train.num_steps" in capsys.readouterr().out
+    assert json.loads(path.read_text())["train"]["num_steps"] == config.train.num_steps + 100
+    (record,) = [json.loads(line) for line in (tmp_path / cli.CONFIG_CHANGES_FILE).read_text().splitlines()]
+    assert record["changes"] == {key: list(pair) for key, pair in expected.items()}
+    assert "time" in record
+
+
 def test_saved_configs_from_older_runs_get_new_sampler_keys(tmp_path):
     """A run saved before a sampler key existed (here score_temperature) loads with that key's default."""
     config = recipes.base_config().to_dict()

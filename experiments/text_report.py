@@ -107,6 +107,7 @@ def main():
 
     from hackable_diffusion import cli
     from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.training import metrics
 
     cli.quiet_library_logs()
     ar = exp_lib.from_workdir(args.ar)
@@ -149,11 +150,7 @@ def main():
                 sweep.append(point)
                 print(json.dumps({"run": name, **point}), flush=True)
             row["sweep"] = sweep
-        row["curve"] = [
-            json.loads(line)
-            for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
-            if '"split": "eval"' in line
-        ]
+        row["curve"] = metrics.read_metrics(workdir, "eval")  # a resumed run's redone steps replace the first ones
         row["seconds"] = time.perf_counter() - start
         report["runs"][name] = row
         print(json.dumps({k: v for k, v in row.items() if k not in ("curve", "sweep")}), flush=True)

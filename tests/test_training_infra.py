@@ -367,6 +367,26 @@ def test_metrics_files_and_progress_line(tmp_path):
     assert 1e6 < peak < 1e15
 
 
+def test_read_metrics_lets_a_resumed_run_replace_the_steps_it_redoes(tmp_path):
+    """Killed after logging steps 3-4 past its checkpoint at 2, the run resumes at 2 and logs 3-5 again."""
+    writer = metrics.MetricsWriter(str(tmp_path))
+    for step in (1, 2, 3, 4):
+        writer.write(step, {"loss": float(step)})
+        if step % 2 == 0:
+            writer.write(step, {"bpt": float(step)}, split="eval")
+    for step in (3, 4, 5):
+        writer.write(step, {"loss": 10.0 + step})
+    writer.write(4, {"bpt": 14.0}, split="eval")
+    writer.write(4, {"bpt": 24.0}, split="eval")  # the same split and step again: the later record stands
+    writer.close()
+    train = metrics.read_metrics(str(tmp_path), "train")
+    assert [(r["step"], r["loss"]) for r in train] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0)]
+    assert [(r["step"], r["bpt"]) for r in metrics.read_metrics(str(tmp_path), "eval")] == [(2, 2.0), (4, 24.0)]
+    everything = metrics.read_metrics(str(tmp_path), keep_superseded=True)
+    assert [r["step"] for r in everything if r["split"] == "train"] == [1, 2, 3, 4, 3, 4, 5]
+    assert len(everything) == 7 + 4  # 7 train lines, 4 eval lines
+
+
 def test_distributed_config_validation(monkeypatch):
     for k in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
         monkeypatch.delenv(k, raising=False)

@@ -73,10 +73,31 @@ class MetricsWriter:
             self._file = None
 
 
-def read_metrics(workdir: str, split: str | None = None) -> list[dict[str, Any]]:
-    """The records of `workdir/metrics.jsonl` (optionally only one split)."""
+def read_metrics(workdir: str, split: str | None = None, *, keep_superseded: bool = False) -> list[dict[str, Any]]:
+    """The records of `workdir/metrics.jsonl` (optionally only one split), as the run's history reads now.
+
+    A run that stopped after logging steps past its last checkpoint logs those steps again when it resumes; the file
+    keeps both (it is only appended to), and by default the later run's records replace the earlier ones: when a
+    split's step goes back (to s), every earlier record of any split at step >= s is dropped, and a record logged
+    again at the same step of the same split replaces the first. `keep_superseded=True` returns every line as written.
+    """
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
+    if not keep_superseded:
+        kept: list[dict[str, Any]] = []
+        last_step: dict[str, int] = {}
+        for record in records:
+            step, name = record["step"], record["split"]
+            if name in last_step and step < last_step[name]:  # a resumed run: drop what it is about to redo
+                kept = [r for r in kept if r["step"] < step]
+                last_step = {}
+                for r in kept:
+                    last_step[r["split"]] = max(last_step.get(r["split"], r["step"]), r["step"])
+            elif last_step.get(name) == step:
+                kept = [r for r in kept if not (r["split"] == name and r["step"] == step)]
+            kept.append(record)
+            last_step[name] = step
+        records = kept
     return [r for r in records if split is None or r["split"] == split]
 
 

@@ -84,21 +84,23 @@ def read_metrics(workdir: str, split: str | None = None, *, keep_superseded: boo
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
     if not keep_superseded:
-        kept: list[dict[str, Any]] = []
-        last_step: dict[str, int] = {}
-        for record in records:
-            step, name = record["step"], record["split"]
-            if name in last_step and step < last_step[name]:  # a resumed run: drop what it is about to redo
-                kept = [r for r in kept if r["step"] < step]
-                last_step = {}
-                for r in kept:
-                    last_step[r["split"]] = max(last_step.get(r["split"], r["step"]), r["step"])
-            elif last_step.get(name) == step:
-                kept = [r for r in kept if not (r["split"] == name and r["step"] == step)]
-            kept.append(record)
-            last_step[name] = step
-        records = kept
+        records = _without_superseded(records)
     return [r for r in records if split is None or r["split"] == split]
+
+
+def _without_superseded(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    kept: list[dict[str, Any]] = []
+    last_step: dict[str, int] = {}  # per split; steps only grow within a split in `kept`
+    for record in records:
+        step, name = record["step"], record["split"]
+        if step < last_step.get(name, step):  # a resumed run: drop everything it is about to redo
+            kept = [r for r in kept if r["step"] < step]
+            last_step = {r["split"]: r["step"] for r in kept}
+        elif last_step.get(name) == step:
+            kept = [r for r in kept if not (r["split"] == name and r["step"] == step)]
+        kept.append(record)
+        last_step[name] = step
+    return kept
 
 
 def format_duration(seconds: float) -> str:

@@ -252,6 +252,21 @@ def test_moe_config_errors_and_unknown_keys():
         TransformerConfig.from_dict(dict(presets.tiny(), num_kv_head=2))
 
 
+def test_every_moe_preset_spells_out_every_option_so_config_flags_can_set_them():
+    from hackable_diffusion import cli, recipes
+
+    fields = {f.name for f in dataclasses.fields(MoEConfig)}
+    for shape in (presets.diffusiongemma_26b_a4b(), presets.tiny(), presets.quickstart()):
+        assert set(shape["moe"]) == fields
+        assert shape["moe"]["load_balance_weight"] == 0.0  # the reference's choice: no auxiliary losses
+    assert set(presets.small(moe=True)["moe"]) == fields
+    # The text MoE recipe trains from scratch with capacity dropping: load-balance and z losses on.
+    config = recipes.text_experiment("shakespeare", "masking", moe=True)
+    assert set(config.model.moe) == fields
+    assert config.model.moe.load_balance_weight == 1e-2 and config.model.moe.router_z_weight == 1e-3
+    cli.check_overrides(config, ["--config.model.moe.load_balance_weight=0.05", "--config.model.moe.router_z_weight=0"])
+
+
 def test_26b_a4b_parameter_count():
     counts = count_params(TransformerConfig.from_dict(presets.diffusiongemma_26b_a4b()))
     assert abs(counts["total_params"] / 25.2e9 - 1) < 0.005

@@ -6,15 +6,14 @@ feature on (MoE, K=V globals, self-conditioning) in seconds, and the bookkeeping
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from _experiment_scripts import load_experiment_script
 
 from hackable_diffusion.models import partitioning, presets, transformer
 from hackable_diffusion.models.config import TransformerConfig
@@ -23,16 +22,7 @@ from hackable_diffusion.training import sharding
 MESH = dict(data=1, fsdp=2, expert=4, tensor=1)
 
 
-def _load_aot():
-    path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "aot_26b.py"
-    spec = importlib.util.spec_from_file_location("aot_26b", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve string annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-aot = _load_aot()
+aot = load_experiment_script("aot_26b")
 
 
 def _tiny_model_dict(num_layers: int = 2) -> dict:

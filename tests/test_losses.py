@@ -1,13 +1,13 @@
 """Losses: ELBO closed forms, continuous vs many-step discrete ELBO, UDLM's formula, CE by hand, the enumerable toy."""
 
-import importlib.util
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from _experiment_scripts import load_experiment_script
 
 from hackable_diffusion.diffusion import losses as L
 from hackable_diffusion.diffusion.processes import MaskingProcess, UniformProcess
@@ -264,17 +264,9 @@ def test_input_validation():
         L.discrete_time_elbo(logits, x0, xt, TIMES, UNIFORM, 0)
 
 
-def _load_elbo_toy():
-    path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "elbo_toy.py"
-    spec = importlib.util.spec_from_file_location("elbo_toy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_elbo_toy_acceptance():
     """Exact models on an enumerable non-factorised distribution: masking ELBO = NLL, uniform ELBO >= NLL."""
-    result = _load_elbo_toy().run(num_samples=20_000, seed=0)
+    result = load_experiment_script("elbo_toy").run(num_samples=20_000, seed=0)
     nll = result["true_nll_bits"]
     assert result["total_correlation_bits"] > 0.5  # clearly non-factorised
     assert result["masking_tight"], result

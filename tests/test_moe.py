@@ -432,3 +432,25 @@ def test_gated_gelu_gradient_matches_autodiff():
     _, vjp_ref = jax.vjp(lambda a, b: jax.nn.gelu(a, approximate=True) * b, a, b)
     for got, ref in zip(vjp(g), vjp_ref(g)):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_moe_routing_drops_more_when_every_canvas_input_is_the_mask_token(tmp_path):
+    """experiments/moe_routing.py on a tiny masking MoE at initialisation, capacity T*k/E per expert: clean text
+    spreads over the experts, while at t = 1 the canvas inputs are all [MASK], route alike and overflow."""
+    from _experiment_scripts import load_experiment_script
+    from _tiny_configs import tiny_text_config
+
+    from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.models import transformer as T
+
+    config = tiny_text_config("masking", moe=True)
+    config.model.moe.capacity_factor = 1.0
+    exp = exp_lib.build(config, str(tmp_path))
+    params = T.init_params(exp.model, jax.random.key(0))
+    records = load_experiment_script("moe_routing").routing_at_levels(exp, params, [0.0, 1.0], num_batches=2)
+    assert [r["noise_level"] for r in records] == [0.0, 1.0]
+    clean, masked = (r["moe_dropped_fraction"] for r in records)
+    assert 0.0 <= clean < 1.0 and 0.0 <= masked < 1.0
+    assert masked > clean + 0.1, records
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        load_experiment_script("moe_routing").routing_at_levels(exp, params, [1.5], num_batches=1)

@@ -24,28 +24,25 @@ def routing_at_levels(exp, params, levels, num_batches: int, seed: int = 0) -> l
     import jax
     import jax.numpy as jnp
 
-    from hackable_diffusion.data.tokenizers import PAD_ID
+    from hackable_diffusion.data import text as text_lib
 
+    bad = [level for level in levels if not 0.0 <= level <= 1.0]
+    if bad:
+        raise ValueError(f"noise levels must lie in [0, 1], got {bad}.")
     batch_size = exp.config.data.batch_size
-    sequences = exp.data.eval_sequences
-    if len(sequences) < batch_size:
-        raise ValueError(f"the validation split has {len(sequences)} sequences, fewer than one batch of {batch_size}.")
+    batches = text_lib.make_eval_batches(exp.data.eval_sequences[: num_batches * batch_size], batch_size)
     records = []
     for level in [None] if exp.is_autoregressive else levels:
         objective = exp.objective
         if level is not None:
-            if not 0.0 <= level <= 1.0:
-                raise ValueError(f"noise levels must lie in [0, 1], got {level}.")
             objective = dataclasses.replace(objective, time_sampler=lambda key, b, t=level: jnp.full((b,), t))
         step_fn = jax.jit(objective)
         totals = {}
-        for i in range(num_batches):
-            rows = sequences[(i * batch_size) % (len(sequences) - batch_size + 1) :][:batch_size]
-            batch = {"tokens": jnp.asarray(rows), "weights": jnp.asarray(rows != PAD_ID, jnp.float32)}
+        for i, batch in enumerate(batches):
             _, metrics = step_fn(params, batch, jax.random.key(seed + i))
             for key in ("moe_dropped_fraction", "moe_load_balance_loss", "moe_router_z_loss"):
                 totals.setdefault(key, []).append(float(metrics[key]))
-        record = {"noise_level": level, "batches": num_batches}
+        record = {"noise_level": level, "batches": len(batches)}
         records.append(record | {k: float(np.mean(v)) for k, v in totals.items()})
     return records
 

@@ -3,10 +3,17 @@ assignments dropped (over capacity; averaged over layers), and the load-balance 
 validation sequences corrupted at fixed levels t.
 
   python experiments/moe_routing.py --workdir runs/shakespeare_masking_moe [--levels 0,0.25,0.5,0.75,1] [--batches 4]
+  python experiments/moe_routing.py --workdir runs/shakespeare_masking_moe --capacity_factor 4   # same weights, no drops
+
+`--capacity_factor F` evaluates the trained weights with another per-expert capacity (E / k = dropless for sorted
+dispatch): the per-level loss with and without drops on the same batches and noise says what the drops cost.
 
 Why: with token-choice top-k routing (Switch / GShard), inputs that look alike go to the same experts. Under masking
 noise a sizeable share of a batch is the same [MASK] token, so the drop rate can grow with t however well balanced the
-router is on clean text. Prints one JSON line per level (an autoregressive run: one line, no noise).
+router is on clean text. The capacity is shared by all b x l tokens of a forward pass: training draws one t per
+sequence, so its batches mix levels, while a sampler's batch (and this script's) holds one level at a time. Prints one
+JSON line per level (an autoregressive run: one line, no noise) with the drop rate, the auxiliary losses and the
+training loss at that level (`diffusion_loss`; `loss` for an autoregressive run).
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ def routing_at_levels(exp, params, levels, num_batches: int, seed: int = 0) -> l
         totals = {}
         for i, batch in enumerate(batches):
             _, metrics = step_fn(params, batch, jax.random.key(seed + i))
-            for key in ("moe_dropped_fraction", "moe_load_balance_loss", "moe_router_z_loss"):
+            loss_key = "diffusion_loss" if "diffusion_loss" in metrics else "loss"
+            for key in ("moe_dropped_fraction", "moe_load_balance_loss", "moe_router_z_loss", loss_key):
                 totals.setdefault(key, []).append(float(metrics[key]))
         record = {"noise_level": level, "batches": len(batches)}
         records.append(record | {k: float(np.mean(v)) for k, v in totals.items()})
@@ -53,15 +61,23 @@ def main():
     parser.add_argument("--levels", default="0,0.1,0.25,0.5,0.75,0.9,1.0", help="noise levels t in [0, 1]")
     parser.add_argument("--batches", type=int, default=4, help="validation batches per level")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--capacity_factor", type=float, default=0.0, help="evaluate with this capacity factor (0 = the run's own)"
+    )
     args = parser.parse_args()
 
     from hackable_diffusion import cli
     from hackable_diffusion import experiment as exp_lib
 
     cli.quiet_library_logs()
-    exp = exp_lib.from_workdir(args.workdir)
-    if exp.config.model.get("moe") is None:
+    config = cli.load_saved_config(args.workdir)
+    if config.model.get("moe") is None:
         raise SystemExit(f"{args.workdir} has no MoE layers (config model.moe is None); nothing to measure.")
+    if args.capacity_factor < 0:
+        raise SystemExit(f"--capacity_factor must be > 0 (or 0 for the run's own), got {args.capacity_factor}.")
+    if args.capacity_factor:
+        config.model.moe.capacity_factor = args.capacity_factor
+    exp = exp_lib.build(config, args.workdir)
     params, step = exp_lib.load_params(exp, args.workdir)
     levels = [float(x) for x in args.levels.split(",")]
     try:
@@ -69,7 +85,8 @@ def main():
     except ValueError as error:
         raise SystemExit(str(error)) from None
     for record in records:
-        print(json.dumps({"workdir": args.workdir, "step": step} | record), flush=True)
+        head = {"workdir": args.workdir, "step": step, "capacity_factor": config.model.moe.capacity_factor}
+        print(json.dumps(head | record), flush=True)
 
 
 if __name__ == "__main__":

@@ -452,5 +452,14 @@ def test_moe_routing_drops_more_when_every_canvas_input_is_the_mask_token(tmp_pa
     clean, masked = (r["moe_dropped_fraction"] for r in records)
     assert 0.0 <= clean < 1.0 and 0.0 <= masked < 1.0
     assert masked > clean + 0.1, records
+    # The same weights with E / k slots per expert (every expert can take every token) drop nothing, and the loss at
+    # t = 1 moves: what `--capacity_factor` measures.
+    moe_config = config.model.moe
+    moe_config.capacity_factor = moe_config.num_experts / moe_config.top_k
+    dropless = load_experiment_script("moe_routing").routing_at_levels(
+        exp_lib.build(config, str(tmp_path)), params, [1.0], num_batches=2
+    )[0]
+    assert dropless["moe_dropped_fraction"] == 0.0
+    assert abs(dropless["diffusion_loss"] - records[1]["diffusion_loss"]) > 1e-4, (dropless, records[1])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         load_experiment_script("moe_routing").routing_at_levels(exp, params, [1.5], num_batches=1)

@@ -44,10 +44,10 @@ def routing_at_levels(exp, params, levels, num_batches: int, seed: int = 0) -> l
         if level is not None:
             objective = dataclasses.replace(objective, time_sampler=lambda key, b, t=level: jnp.full((b,), t))
         step_fn = jax.jit(objective)
+        loss_key = "loss" if level is None else "diffusion_loss"
         totals = {}
         for i, batch in enumerate(batches):
             _, metrics = step_fn(params, batch, jax.random.key(seed + i))
-            loss_key = "diffusion_loss" if "diffusion_loss" in metrics else "loss"
             for key in ("moe_dropped_fraction", "moe_load_balance_loss", "moe_router_z_loss", loss_key):
                 totals.setdefault(key, []).append(float(metrics[key]))
         record = {"noise_level": level, "batches": len(batches)}

@@ -445,9 +445,10 @@ def test_moe_routing_drops_more_when_every_canvas_input_is_the_mask_token(tmp_pa
 
     config = tiny_text_config("masking", moe=True)
     config.model.moe.capacity_factor = 1.0
+    routing = load_experiment_script("moe_routing")
     exp = exp_lib.build(config, str(tmp_path))
     params = T.init_params(exp.model, jax.random.key(0))
-    records = load_experiment_script("moe_routing").routing_at_levels(exp, params, [0.0, 1.0], num_batches=2)
+    records = routing.routing_at_levels(exp, params, [0.0, 1.0], num_batches=2)
     assert [r["noise_level"] for r in records] == [0.0, 1.0]
     clean, masked = (r["moe_dropped_fraction"] for r in records)
     assert 0.0 <= clean < 1.0 and 0.0 <= masked < 1.0
@@ -456,10 +457,8 @@ def test_moe_routing_drops_more_when_every_canvas_input_is_the_mask_token(tmp_pa
     # t = 1 moves: what `--capacity_factor` measures.
     moe_config = config.model.moe
     moe_config.capacity_factor = moe_config.num_experts / moe_config.top_k
-    dropless = load_experiment_script("moe_routing").routing_at_levels(
-        exp_lib.build(config, str(tmp_path)), params, [1.0], num_batches=2
-    )[0]
+    dropless = routing.routing_at_levels(exp_lib.build(config, str(tmp_path)), params, [1.0], num_batches=2)[0]
     assert dropless["moe_dropped_fraction"] == 0.0
     assert abs(dropless["diffusion_loss"] - records[1]["diffusion_loss"]) > 1e-4, (dropless, records[1])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        load_experiment_script("moe_routing").routing_at_levels(exp, params, [1.5], num_batches=1)
+        routing.routing_at_levels(exp, params, [1.5], num_batches=1)

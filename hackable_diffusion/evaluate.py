@@ -174,6 +174,7 @@ SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every res
     "min_temperature",
     "max_temperature",
     "score_temperature",
+    "sc_temperature",
     "early_stopping",
 )
 SUDOKU_REPORT_KEYS = (

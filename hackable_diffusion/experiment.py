@@ -368,6 +368,7 @@ def build_sampler(config: ml_collections.ConfigDict, process: NoiseProcess, **ov
         null_signal=config.diffusion.null_signal,
         forbidden_tokens=(0, 2, 3),  # never generate PAD, BOS or MASK
         score_temperature=s.get("score_temperature", 0.0) or None,  # 0 = score the sampling distribution
+        sc_temperature=s.get("sc_temperature", 0.0) or None,  # 0 = feed back the sampling distribution (§1.7)
         constraint=make_constraint(str(s.get("constraint", "") or "")),
         views=make_views(str(s.get("views", "") or "")),
     )

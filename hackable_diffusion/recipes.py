@@ -88,6 +88,8 @@ def base_config() -> ml_collections.ConfigDict:
             max_temperature=0.8,
             temperature_exponent=1.0,
             score_temperature=0.0,  # 0: selection scores the sampling distribution; > 0: logits / this (1 = model's)
+            sc_temperature=0.0,  # self-conditioned models: 0 feeds back the sampling distribution (DiffusionGemma); > 0
+            # feeds back logits / this (1 = the model's own probabilities, as training feeds back the raw logits)
             num_steps=32,
             canvas_len=32,
             max_new_tokens=128,
@@ -177,6 +179,7 @@ def sudoku_model(vocab_size: int = 13, grid_embeddings: int = 9, grid_attention_
         compute_dtype="float32",
         grid_embeddings=grid_embeddings,
         grid_attention_bias=grid_attention_bias,
+        self_conditioning=False,  # True with diffusion.self_condition_prob > 0: see configs/sudoku.py
     )
 
 

@@ -512,6 +512,44 @@ def test_score_temperature_ranks_by_the_models_own_probabilities(model_and_param
         sampler.replace(score_temperature=0.0)
 
 
+def test_sc_temperature_feeds_back_the_models_own_probabilities(model_and_params, prefix_cache):
+    """Tokens drawn near-greedily (T = 1e-3); with sc_temperature=1 the second step is conditioned on the expected
+    embedding under the first step's raw probabilities (what training feeds back), by default on the T = 1e-3 ones."""
+    model, params = model_and_params
+    near_greedy = TEMP.AnnealedTemperature(1e-3, 1e-3)
+    sampler = masking_sampler(
+        S.TopK(score=S.Margin(), count=S.EvenCount()),
+        early_stopping=E.NoEarlyStop(),
+        num_steps=2,
+        temperature=near_greedy,
+        score_temperature=1.0,
+    )
+    init = sampler.initial_canvas(jax.random.key(11), 2)
+    null = T.model_method(model, params, "null_sc_signal", (2, CANVAS), kind=sampler.null_signal)
+    first_logits = canvas_logits(model, params, prefix_cache, init, null) + sampler.logit_bias()
+
+    def second_step_argmax(fed_back_logits, after_first):
+        signal = T.model_method(model, params, "sc_signal", fed_back_logits)
+        logits = canvas_logits(model, params, prefix_cache, after_first, signal) + sampler.logit_bias()
+        return np.asarray(jnp.argmax(logits, axis=-1))
+
+    finals = {}
+    for sc_temperature in (None, 1.0):
+        run = sampler.replace(sc_temperature=sc_temperature)
+        result = denoise_canvas(
+            model, params, prefix_cache, init, jax.random.key(12), sampler=run, return_trajectory=True
+        )
+        after_first = result.trajectory[0]
+        fed_back = first_logits / (1e-3 if sc_temperature is None else sc_temperature)
+        left = np.asarray(after_first) == MASK_ID  # decided by the second step
+        assert left.sum() == 4  # two cells per row per step
+        np.testing.assert_array_equal(np.asarray(result.canvas)[left], second_step_argmax(fed_back, after_first)[left])
+        finals[sc_temperature] = np.asarray(result.canvas)
+    assert (finals[None] != finals[1.0]).any()  # the two signals lead to different cells: the check tells them apart
+    with pytest.raises(ValueError, match="sc_temperature"):
+        sampler.replace(sc_temperature=0.0)
+
+
 @pytest.mark.parametrize("early_stopping", [E.NoEarlyStop(), E.EntropyBelow(threshold=1e9)])
 def test_masking_canvas_ends_unmasked_with_a_short_budget(model_and_params, prefix_cache, early_stopping):
     """Entropy-bound accepts few positions of an unsure model; the last step (or an early stop) still leaves no MASK."""

@@ -71,6 +71,11 @@ class DiffusionSampler:
       instead (1.0: the model's own probabilities, as Kim et al. 2025 rank by, while tokens are drawn near-greedily).
       A near-zero sampling temperature saturates every confidence at 1 and every entropy at 0, so the ranking then
       degenerates to ties broken by position (left to right); scoring at 1.0 keeps the model's ranking.
+    sc_temperature: None = the self-conditioning signal fed to the next step is the expected embedding under the
+      temperature-shaped logits (DiffusionGemma §1.7); a float = under `biased logits / sc_temperature` instead (the
+      logit bias and any constraint applied; 1.0 = the model's own probabilities, which is what training feeds back:
+      the first pass's raw logits). Only matters for a model with a self-conditioner; a near-zero sampling temperature
+      (Sudoku draws at 0.1) otherwise feeds back near one-hot beliefs the model never saw in training.
     views: None = one model call per step; PermutationViews = the step's logits are the mean log-probabilities of the
       model over K relabelled copies of the canvas, batched (views.py; K x the FLOPs, the same number of passes). The
       cached prefix is shared, not relabelled: meant for a task solved in place on an empty cache (Sudoku).
@@ -86,6 +91,7 @@ class DiffusionSampler:
     null_signal: str = "zeros"
     forbidden_tokens: tuple[int, ...] = ()
     score_temperature: float | None = None
+    sc_temperature: float | None = None
     constraint: LogitConstraint | None = None
     views: PermutationViews | None = None
 
@@ -125,6 +131,11 @@ class DiffusionSampler:
                     f"DiffusionSampler.views relabel {self.views.vocab_size} token ids, the process has "
                     f"{self.process.vocab_size}."
                 )
+        if self.sc_temperature is not None and not self.sc_temperature > 0:
+            raise ValueError(
+                f"DiffusionSampler.sc_temperature must be None (feed back the sampling distribution) or > 0, got "
+                f"{self.sc_temperature!r}."
+            )
         if self.score_temperature is not None and not self.score_temperature > 0:
             raise ValueError(
                 f"DiffusionSampler.score_temperature must be None (score the sampling distribution) or > 0, got "
@@ -304,8 +315,9 @@ def _denoise(
             done=state["done"] | stop,
         )
         if has_sc:
+            fed_back = shaped if sampler.sc_temperature is None else biased / sampler.sc_temperature
             new_state["sc"] = (
-                T.model_method(model, params, "sc_signal", shaped).astype(null_sc.dtype) if use_sc else null_sc
+                T.model_method(model, params, "sc_signal", fed_back).astype(null_sc.dtype) if use_sc else null_sc
             )
         if return_trajectory:
             new_state["trajectory"] = state["trajectory"].at[step].set(new_state["canvas"])

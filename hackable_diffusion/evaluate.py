@@ -48,6 +48,12 @@ def define_flags():
         "scorer_workdir", None, "likelihood: an autoregressive run that scores the samples (generative perplexity)."
     )
     flags.DEFINE_integer("max_new_tokens", 0, "likelihood: tokens per sample (0 = config.sampler.max_new_tokens).")
+    flags.DEFINE_integer(
+        "depth_loops",
+        0,
+        "sudoku: apply the layer stack this many times per pass (0 = as trained, model.depth_loops); for a looped "
+        "run, more or fewer loops at inference than in training.",
+    )
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, str]:
@@ -225,13 +231,26 @@ def sudoku(
     seed: int = 0,
     sampler: list[str] | None = None,
     weights: str = "ema",
+    depth_loops: int = 0,
 ) -> dict:
+    import dataclasses
+
     from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.models import transformer as T
 
     overrides = parse_overrides(sampler)
     exp = exp_lib.from_workdir(workdir)
     if exp.config.data.task != "sudoku":
         raise ValueError(f"{workdir} is a {exp.config.data.task!r} run; --task sudoku needs a Sudoku run.")
+    if depth_loops < 0:
+        raise ValueError(f"--depth_loops={depth_loops} must be >= 0 (0 = as trained).")
+    trained_loops = exp.model.cfg.depth_loops
+    if depth_loops and depth_loops != trained_loops:  # same parameters, the stack applied another number of times
+        config = exp.config.copy_and_resolve_references()
+        config.model.depth_loops = depth_loops
+        exp = dataclasses.replace(
+            exp, config=config, model=T.Transformer(exp.model.cfg.replace(depth_loops=depth_loops))
+        )
     weights_used = _weights_used(exp, weights)  # checks the value before loading
     params, step = exp_lib.load_params(exp, workdir, use_ema=weights_used == "ema")
     puzzles = load_sudoku_puzzles(data, train_seed=int(exp.config.data.generator_seed), limit=limit)
@@ -256,6 +275,8 @@ def sudoku(
         "checkpoint_step": step,
         "weights": weights_used,
         "dropped_as_in_training": None if seen is None else int(seen.sum()),
+        "depth_loops": exp.model.cfg.depth_loops,
+        "trained_depth_loops": trained_loops,
         "sampler": {k: config.sampler.get(k) for k in SAMPLER_REPORT_KEYS + SUDOKU_REPORT_KEYS},
     }
     return {**head, **scores}
@@ -278,6 +299,7 @@ def main(argv):
                 seed=FLAGS.seed,
                 sampler=FLAGS.sampler,
                 weights=FLAGS.weights,
+                depth_loops=FLAGS.depth_loops,
             )
         else:
             result = likelihood(

@@ -466,13 +466,15 @@ def flops_per_token(model: T.Transformer, seq_len: int) -> float:
 
     cfg = model.cfg
     counts = count_params(cfg)
-    # Matmul parameters per token: active minus the embedding lookup, plus the tied head (V x D matmul).
-    n = counts["active_params_per_token"] - counts["embedding_params"] + cfg.vocab_size * cfg.embed_dim
+    # Matmul parameters per token: active minus the embedding lookup (the layers, run depth_loops times), plus the tied
+    # head (V x D matmul).
+    layers = counts["active_params_per_token"] - counts["embedding_params"]
+    n = layers * cfg.depth_loops + cfg.vocab_size * cfg.embed_dim
     attn = 0
     for layer_type in cfg.layer_types():
         head_dim = cfg.global_attn_head_dim if layer_type == "global" else cfg.head_dim
         span = seq_len if layer_type == "global" else min(seq_len, 2 * cfg.sliding_window)
-        attn += 2 * 2 * cfg.num_heads * head_dim * span  # QK^T and PV, forward
+        attn += 2 * 2 * cfg.num_heads * head_dim * span * cfg.depth_loops  # QK^T and PV, forward
     return float(3 * (2 * n + attn))
 
 

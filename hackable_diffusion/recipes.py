@@ -180,7 +180,25 @@ def sudoku_model(vocab_size: int = 13, grid_embeddings: int = 9, grid_attention_
         grid_embeddings=grid_embeddings,
         grid_attention_bias=grid_attention_bias,
         self_conditioning=False,  # True with diffusion.self_condition_prob > 0: see configs/sudoku.py
+        depth_loops=1,  # > 1: the 6 layers applied again with the same weights (in-place layout only): configs/sudoku.py
     )
+
+
+def sudoku_in_place_config(*, steps: int = 4800, depth_loops: int = 1) -> ml_collections.ConfigDict:
+    """The in-place masking recipe of configs/sudoku.py (its docstring holds the probes behind each setting):
+    batch 32, unweighted masked CE, lr 2e-3 -> 1e-4 after 100 warm-up steps, EMA 0.999; `depth_loops` > 1 applies
+    the 6 layers that many times per pass with the same weights (configs/sudoku_looped.py)."""
+    c = sudoku_config(steps=steps, batch_size=32)
+    c.model.depth_loops = depth_loops
+    c.diffusion.loss = "masked_ce"  # unweighted CE over the masked cells, pooled over the batch
+    c.optimizer.peak_lr = 2e-3
+    c.optimizer.end_lr = 1e-4
+    c.optimizer.warmup_steps = 100
+    c.train.ema_decay = 0.999  # evaluation and sampling use the EMA weights
+    c.train.log_every = 50
+    c.train.eval_every = 500
+    c.train.checkpoint_every = 500
+    return c
 
 
 def sudoku_config(

@@ -183,6 +183,48 @@ def test_unrolled_layer_scan_equals_rolled_in_every_mode():
         tiny_cfg(scan_unroll=0)
 
 
+def test_looped_depth_equals_a_deeper_stack_with_repeated_weights():
+    """depth_loops=2 over G groups is the same function as 2G groups whose stacked parameters are [p; p] (both in
+    value and gradient), and it changes the output (the loop is really run). A cache is refused."""
+    cfg = tiny_cfg(moe=None, grid_embeddings=0)
+    looped = T.Transformer(dataclasses.replace(cfg, depth_loops=2))
+    deep = T.Transformer(dataclasses.replace(cfg, num_layers=2 * cfg.num_layers))
+    _, params = make(cfg)
+    deep_params = jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.concatenate([x, x]) if "layers" in jax.tree_util.keystr(path) else x, params
+    )
+    toks = tokens_for((2, 10))
+    for causal in (True, False):
+        got, _ = T.forward(looped, params, toks, causal=causal)
+        want, _ = T.forward(deep, deep_params, toks, causal=causal)
+        np.testing.assert_allclose(got, want, atol=3e-5)
+    got_bidir = got
+    empty = init_cache(looped.cfg, 2, 1)  # read-only and empty (the in-place Sudoku sampler): the plain pass
+    got_empty, _ = T.decode_block(looped, params, toks, empty)
+    np.testing.assert_allclose(got_empty, got_bidir, atol=3e-5)
+    once, _ = T.forward(T.Transformer(cfg), params, toks, causal=False)
+    assert float(jnp.max(jnp.abs(once - got))) > 1e-3
+
+    def loss(p):
+        return jnp.mean(T.forward(looped, p, toks)[0] ** 2)
+
+    def deep_loss(p):
+        dp = jax.tree_util.tree_map_with_path(
+            lambda path, x: jnp.concatenate([x, x]) if "layers" in jax.tree_util.keystr(path) else x, p
+        )
+        return jnp.mean(T.forward(deep, dp, toks)[0] ** 2)
+
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6),
+        jax.grad(loss)(params),
+        jax.grad(deep_loss)(params),
+    )
+    with pytest.raises(ValueError, match="depth_loops"):
+        T.append(looped, params, toks[:, :4], init_cache(looped.cfg, 2, 8))
+    with pytest.raises(ValueError, match="depth_loops"):
+        tiny_cfg(depth_loops=0)
+
+
 def test_self_conditioning_zero_signal_is_normalised_embedding():
     cfg = tiny_cfg(self_conditioning=True)
     model, params = make(cfg)

@@ -195,6 +195,12 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
     assert raw["accuracy"] >= metrics["accuracy"]  # a restart only replaces a grid that breaks a rule
     with pytest.raises(ValueError, match="weights"):
         evaluate.sudoku(workdir, "generated:30-36:5:7", weights="average")
+    # The same weights with the layer stack applied twice per pass (test-time depth of a looped run): same passes.
+    looped = evaluate.sudoku(workdir, "generated:30-36:5:7", sampler=["num_steps=3"], depth_loops=2)
+    assert (looped["depth_loops"], looped["trained_depth_loops"], metrics["depth_loops"]) == (2, 1, 1)
+    assert looped["max_forward_passes_per_puzzle"] <= 3 and looped["givens_kept"]
+    with pytest.raises(ValueError, match="depth_loops"):
+        evaluate.sudoku(workdir, "generated:30-36:5:7", depth_loops=-1)
 
     # The sampler table script: a table of two settings, then one more merged into it.
     import runpy

@@ -115,6 +115,10 @@ class TransformerConfig:
     # `transformer.with_scan_unroll` switches a built model, e.g. for decoding. Measured on CPU (presets.mini, 2
     # groups, batch 1): no gain, AR step 7.4 -> 8.3 ms, 64-token canvas step 22.1 -> 23.4 ms.
     scan_unroll: int = 1
+    # > 1: the whole layer stack is applied this many times with the same weights (looped / universal-transformer
+    # depth, Dehghani et al. 2019): the compute of depth_loops * num_layers layers for the parameters of num_layers.
+    # Passes that write no KV cache only (`forward`, in-place Sudoku): a cache holds one pass's keys, not one per loop.
+    depth_loops: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "layer_pattern", tuple(self.layer_pattern))
@@ -159,6 +163,8 @@ class TransformerConfig:
                 f"model.grid_attention_bias={self.grid_attention_bias} must be >= 0, and > 0 needs the grid side in "
                 "model.grid_embeddings (e.g. 9 for Sudoku)."
             )
+        if self.depth_loops < 1:
+            raise ValueError(f"model.depth_loops must be >= 1 (1 = every layer applied once), got {self.depth_loops}.")
         if self.scan_unroll < 1:
             raise ValueError(f"model.scan_unroll must be >= 1 (1 = rolled loop), got {self.scan_unroll}.")
         if self.remat not in ("none", "full", "dots"):

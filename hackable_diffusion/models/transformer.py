@@ -204,13 +204,21 @@ class Transformer(nn.Module):
                 write_index = cache.end_index
         elif write_cache:
             raise ValueError("write_cache=True needs a cache.")
+        if write_cache and cfg.depth_loops > 1:
+            # A read-only cache is fine (in-place Sudoku decodes over an empty one); writing one is not.
+            raise ValueError(
+                f"model.depth_loops={cfg.depth_loops} applies the layer stack several times, which a KV cache (one "
+                "set of keys per layer) cannot hold; use passes that do not write a cache (`forward`, `decode_block` "
+                "over an empty cache: the in-place Sudoku layout) or depth_loops=1."
+            )
 
-        aux0 = {k: jnp.zeros((), jnp.float32) for k in AUX_KEYS}
-        (x, aux), new_layers = self.layers(
-            (x, aux0), layer_caches, positions, self_mask, prefix_mask, cache_positions, write_index, token_mask
-        )
+        aux = {k: jnp.zeros((), jnp.float32) for k in AUX_KEYS}
+        for _ in range(cfg.depth_loops):  # looped depth: the same scanned stack again, same parameters
+            (x, aux), new_layers = self.layers(
+                (x, aux), layer_caches, positions, self_mask, prefix_mask, cache_positions, write_index, token_mask
+            )
         if cfg.moe is not None:
-            aux = dict(aux, moe_dropped_fraction=aux["moe_dropped_fraction"] / cfg.num_layers)
+            aux = dict(aux, moe_dropped_fraction=aux["moe_dropped_fraction"] / (cfg.num_layers * cfg.depth_loops))
         hidden = self.final_norm(x)
         logits = self.embedder.decode(hidden)
         if cfg.final_logit_softcap is not None:

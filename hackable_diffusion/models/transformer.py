@@ -9,7 +9,9 @@ Follows `shared/design/diffusiongemma.md` §3 (google-deepmind/gemma `gm/nn/gemm
 
 Embeddings are scaled by sqrt(d), the head is tied, logits are soft-capped. The layers are applied by `nn.scan`
 over repeats of `cfg.layer_pattern` (default 5 local + 1 global), so compile time depends on the pattern length,
-not the depth; `cfg.remat` rematerialises each scanned group.
+not the depth; `cfg.remat` rematerialises each scanned group. `cfg.depth_loops` > 1 runs the whole scanned stack
+again with the same weights (looped, universal-transformer depth, Dehghani et al. 2019; not in DiffusionGemma, and
+refused for passes that write a KV cache).
 
 Why flax.linen rather than NNX: linen modules are frozen dataclasses with `__call__` and are functional by
 construction (params in, arrays out), with scan, remat and logical partitioning built in; jax-notes §2 measured

@@ -5,7 +5,7 @@ weights (`model.depth_loops=2`; universal-transformer depth, Dehghani et al. 201
   python -m hackable_diffusion.evaluate --task sudoku --workdir runs/sudoku_loop2 --data generated:24-29:1000:8 \
       --sampler=num_steps=12 '--sampler=selection_kwargs={"also_above": 0.99}' --sampler=constraint=sudoku
 
-Why: of the 1-layer-stack model's failures, most sat in puzzles the exact solver finishes with singles (the model
+Why: of the single-loop model's failures, most sat in puzzles the exact solver finishes with singles (the model
 committed to a wrong digit it was sure of) or that need a guess, i.e. constraint propagation deeper than 6 layers
 carry in one pass. Looping doubles the compute per pass for the same 4.54M parameters, so the hour holds half the
 steps: 2,300 x 32 puzzles (73.6k) at 0.6-0.75 steps/s on both cores, 58.8 min with the evaluations every 500 steps

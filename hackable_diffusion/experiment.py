@@ -474,8 +474,8 @@ def flops_per_token(model: T.Transformer, seq_len: int) -> float:
     for layer_type in cfg.layer_types():
         head_dim = cfg.global_attn_head_dim if layer_type == "global" else cfg.head_dim
         span = seq_len if layer_type == "global" else min(seq_len, 2 * cfg.sliding_window)
-        attn += 2 * 2 * cfg.num_heads * head_dim * span * cfg.depth_loops  # QK^T and PV, forward
-    return float(3 * (2 * n + attn))
+        attn += 2 * 2 * cfg.num_heads * head_dim * span  # QK^T and PV, forward
+    return float(3 * (2 * n + attn * cfg.depth_loops))
 
 
 def objective_passes(config: ml_collections.ConfigDict) -> float:

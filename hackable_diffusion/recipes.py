@@ -180,7 +180,7 @@ def sudoku_model(vocab_size: int = 13, grid_embeddings: int = 9, grid_attention_
         grid_embeddings=grid_embeddings,
         grid_attention_bias=grid_attention_bias,
         self_conditioning=False,  # True with diffusion.self_condition_prob > 0: see configs/sudoku.py
-        depth_loops=1,  # > 1: the 6 layers applied again with the same weights (in-place layout only): configs/sudoku.py
+        depth_loops=1,  # > 1: the 6 layers applied again, same weights (in-place layout only): configs/sudoku_looped.py
     )
 
 

@@ -185,14 +185,18 @@ def test_unrolled_layer_scan_equals_rolled_in_every_mode():
 
 def test_looped_depth_equals_a_deeper_stack_with_repeated_weights():
     """depth_loops=2 over G groups is the same function as 2G groups whose stacked parameters are [p; p] (both in
-    value and gradient), and it changes the output (the loop is really run). A cache is refused."""
+    value and gradient), and it changes the output (the loop is really run). Writing a KV cache is refused."""
     cfg = tiny_cfg(moe=None, grid_embeddings=0)
     looped = T.Transformer(dataclasses.replace(cfg, depth_loops=2))
     deep = T.Transformer(dataclasses.replace(cfg, num_layers=2 * cfg.num_layers))
     _, params = make(cfg)
-    deep_params = jax.tree_util.tree_map_with_path(
-        lambda path, x: jnp.concatenate([x, x]) if "layers" in jax.tree_util.keystr(path) else x, params
-    )
+
+    def stack_twice(p):  # the scanned layer stack's parameters [p; p]; embeddings and final norm as they are
+        return jax.tree_util.tree_map_with_path(
+            lambda path, x: jnp.concatenate([x, x]) if "layers" in jax.tree_util.keystr(path) else x, p
+        )
+
+    deep_params = stack_twice(params)
     toks = tokens_for((2, 10))
     for causal in (True, False):
         got, _ = T.forward(looped, params, toks, causal=causal)
@@ -209,10 +213,7 @@ def test_looped_depth_equals_a_deeper_stack_with_repeated_weights():
         return jnp.mean(T.forward(looped, p, toks)[0] ** 2)
 
     def deep_loss(p):
-        dp = jax.tree_util.tree_map_with_path(
-            lambda path, x: jnp.concatenate([x, x]) if "layers" in jax.tree_util.keystr(path) else x, p
-        )
-        return jnp.mean(T.forward(deep, dp, toks)[0] ** 2)
+        return jnp.mean(T.forward(deep, stack_twice(p), toks)[0] ** 2)
 
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6),

@@ -192,6 +192,7 @@ SUDOKU_REPORT_KEYS = (
     "pass_budget",
     "constraint",
     "views",
+    "parallel_attempts",
 )
 
 

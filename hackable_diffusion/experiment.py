@@ -45,7 +45,7 @@ from hackable_diffusion.sampling.constraints import make_constraint
 from hackable_diffusion.sampling.early_stopping import make_early_stopping
 from hackable_diffusion.sampling.selection import make_selection
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
-from hackable_diffusion.sampling.views import make_views
+from hackable_diffusion.sampling.views import make_views, relabel_grids, sudoku_views, unrelabel_grids
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sudoku: vocabulary, data, iterator
@@ -608,12 +608,15 @@ def with_sampler_overrides(config: ml_collections.ConfigDict, overrides: dict[st
 @dataclasses.dataclass(frozen=True)
 class SudokuSolution:
     """predictions: (n, 81) grids; steps: denoising steps (forward passes) each puzzle used; seconds: wall time of
-    the solving calls after one compile/warm-up batch; batch_forward_passes: model calls over all batches."""
+    the solving calls after one compile/warm-up batch; batch_forward_passes: model calls over all batches;
+    network_passes: with parallel attempts, each puzzle's passes summed over its attempts (its `steps` is the slowest
+    attempt's, since the attempts run side by side)."""
 
     predictions: np.ndarray
     steps: np.ndarray
     seconds: float
     batch_forward_passes: int
+    network_passes: np.ndarray | None = None  # per puzzle, over all parallel attempts (None: = steps)
 
 
 def _restart_overrides(config: ml_collections.ConfigDict, layout: str) -> dict[str, Any]:
@@ -655,6 +658,14 @@ def solve_sudoku(
     times; the first rule-abiding attempt is kept, otherwise the attempt with the fewest conflicting cells. Rows
     that abide by the rules are never touched, and every attempt's passes count.
 
+    `sampler.parallel_attempts` = K > 1 (more compute at inference, verifier-guided, in width instead of depth): each
+    puzzle is also solved as K - 1 symmetric copies of itself (bands, stacks, rows and columns inside them permuted,
+    transposed, digits relabelled: `views.sudoku_views(K, seed=ATTEMPT_SYMMETRY_SEED)`, copy 0 the puzzle itself),
+    all in the same batches; each copy's grid is mapped back, and the first that is complete, keeps the givens and
+    breaks no rule is kept (for a unique puzzle that is its solution), otherwise the one with the fewest blank,
+    conflicting and given-breaking cells. A puzzle's `steps` is its slowest copy's passes (they run in lockstep);
+    `network_passes` adds all K. Every other option applies to each copy, restarts and pass budget included.
+
     `sampler.pass_budget` = B > 0 caps the forward passes of every puzzle at B, restarts included: a row is restarted
     only while its passes so far plus an attempt's most (`num_steps` x (1 + repair_rounds), each decode of the canvas
     layout one more for its prefill; the AR layout 81 + 1) fit in B. With selection that decides sure cells early
@@ -670,6 +681,13 @@ def solve_sudoku(
         raise ValueError(f"puzzles must be a non-empty (n, 81) array, got shape {puzzles.shape}.")
     layout = sudoku_format(exp.config)
     config = with_sampler_overrides(exp.config, sampler_overrides or {})
+    attempts = int(config.sampler.get("parallel_attempts", 1))
+    if attempts < 1:
+        raise ValueError(f"sampler.parallel_attempts={attempts} must be >= 1 (1: one attempt per puzzle).")
+    if attempts > 1:
+        return _solve_in_parallel_attempts(
+            exp, params, puzzles, attempts, seed=seed, batch_size=batch_size, sampler_overrides=sampler_overrides
+        )
     rounds = int(config.sampler.get("repair_rounds", 0))
     scope = str(config.sampler.get("repair_scope", "cells"))
     if scope not in ("cells", "units"):
@@ -809,6 +827,54 @@ def solve_sudoku(
     return SudokuSolution(preds, steps, seconds, passes)
 
 
+ATTEMPT_SYMMETRY_SEED = 1  # the symmetries of parallel attempts (symmetry views inside a step use seed 0)
+
+
+def sudoku_grid_symmetries(count: int, seed: int = ATTEMPT_SYMMETRY_SEED):
+    """`count` elements of the Sudoku symmetry group acting on grids of digits (0 = blank stays blank), the first the
+    identity: `views.sudoku_views` with the digits 1..9 as the relabelled ids."""
+    return sudoku_views(count, seed, first_digit_id=1, vocab_size=10)
+
+
+def _solve_in_parallel_attempts(
+    exp: Experiment,
+    params,
+    puzzles: Int[np.ndarray, "n 81"],
+    attempts: int,
+    *,
+    seed: int,
+    batch_size: int,
+    sampler_overrides: dict[str, Any] | None,
+) -> SudokuSolution:
+    """`sampler.parallel_attempts` (see `solve_sudoku`): K symmetric copies of every puzzle, solved side by side."""
+    n = len(puzzles)
+    group = sudoku_grid_symmetries(attempts)
+    copies = relabel_grids(group, puzzles)  # (K, n, 81); copy k of puzzle i is row k * n + i below
+    inner = solve_sudoku(
+        exp,
+        params,
+        copies.reshape(attempts * n, 81),
+        seed=seed,
+        batch_size=batch_size,
+        sampler_overrides={**(sampler_overrides or {}), "parallel_attempts": 1},
+    )
+    grids = unrelabel_grids(group, inner.predictions.reshape(attempts, n, 81))
+    broken = (
+        sudoku_lib.conflicting_cells(grids).sum(axis=-1)
+        + (grids == 0).sum(axis=-1)
+        + ((puzzles[None] != 0) & (grids != puzzles[None])).sum(axis=-1)
+    )  # (K, n): 0 = a complete rule-abiding grid with the givens kept
+    chosen = np.argmin(broken, axis=0)  # the first copy with the fewest broken cells
+    steps = inner.steps.reshape(attempts, n)
+    return SudokuSolution(
+        predictions=grids[chosen, np.arange(n)],
+        steps=steps.max(axis=0),
+        seconds=inner.seconds,
+        batch_forward_passes=inner.batch_forward_passes,
+        network_passes=steps.sum(axis=0),
+    )
+
+
 def evaluate_sudoku(
     exp: Experiment,
     params,
@@ -837,7 +903,8 @@ def evaluate_sudoku(
     out["batch_forward_passes"] = solution.batch_forward_passes
     views = make_views(str(with_sampler_overrides(exp.config, sampler_overrides or {}).sampler.get("views", "") or ""))
     # network evaluations: a pass with K symmetry views runs the model on K copies of the grid (views.py)
-    out["network_evaluations_per_puzzle"] = float(solution.steps.mean()) * (views.num_views if views else 1)
+    network_passes = solution.steps if solution.network_passes is None else solution.network_passes
+    out["network_evaluations_per_puzzle"] = float(network_passes.mean()) * (views.num_views if views else 1)
     out["puzzles_per_second"] = float(len(puzzles) / max(solution.seconds, 1e-9))
     out["solve_seconds"] = solution.seconds
     out["givens_kept"] = bool(sudoku_lib.respects_givens(solution.predictions, puzzles).all())

@@ -103,6 +103,8 @@ def base_config() -> ml_collections.ConfigDict:
             pass_budget=0,  # Sudoku only: most forward passes per puzzle, restarts included (0 = no cap)
             constraint="",  # "sudoku": a digit a decided cell of the row/column/box holds is excluded (constraints.py)
             views="",  # "sudoku:K": each step averages the model over K symmetric copies of the grid (views.py)
+            parallel_attempts=1,  # Sudoku only: solve K symmetric copies of each puzzle side by side, keep one that
+            # abides by the rules (experiment.solve_sudoku); passes = the slowest copy's, network evaluations x K
         )
     )
     return c

@@ -15,6 +15,7 @@ from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.models.layers import GridEmbedding
+from hackable_diffusion.sampling import views as views_lib
 
 
 def test_grid_embedding_is_row_plus_column_plus_box_and_periodic():
@@ -323,3 +324,55 @@ def test_grid_attention_bias_config_init_and_cached_decode_equals_full_pass():
     _, cache = T.append(model, params, tokens[:, :81], cache)
     step, _ = T.append(model, params, tokens[:, 81:], cache)
     np.testing.assert_allclose(step, full[:, 81:], atol=2e-4, rtol=2e-4)
+
+
+def test_grid_symmetries_map_solutions_to_solutions_and_back():
+    solution = sudoku_lib.solve(np.zeros(81, np.int8), max_solutions=1).solutions[0][None]  # any complete grid
+    puzzle = np.where(np.arange(81) % 3 == 0, solution, 0)
+    group = experiment.sudoku_grid_symmetries(5)
+    copies = views_lib.relabel_grids(group, np.concatenate([solution, puzzle]))
+    np.testing.assert_array_equal(copies[0], np.concatenate([solution, puzzle]))  # copy 0 is the identity
+    assert sudoku_lib.is_valid_solution(copies[:, 0]).all()
+    assert all((copies[k, 0] != solution[0]).any() for k in range(1, 5))  # the other copies are new grids
+    np.testing.assert_array_equal((copies[:, 1] == 0).sum(axis=-1), np.full(5, (puzzle == 0).sum()))  # blanks stay
+    assert sudoku_lib.respects_givens(copies[:, 0], copies[:, 1]).all()  # a copy's solution solves the copied puzzle
+    back = views_lib.unrelabel_grids(group, copies)
+    np.testing.assert_array_equal(back, np.broadcast_to(np.concatenate([solution, puzzle]), back.shape))
+
+
+def test_parallel_attempts_keep_the_best_copy_and_count_every_pass(tmp_path):
+    exp = experiment.build(_tiny("in_place", tmp_path=tmp_path), "unused")
+    params = T.init_params(exp.model, jax.random.key(0))  # untrained: most of its grids break rules
+    puzzles = exp.data.eval_puzzles[:6]
+    plain = experiment.solve_sudoku(exp, params, puzzles, seed=0, batch_size=4)
+    one = experiment.solve_sudoku(
+        exp, params, puzzles, seed=0, batch_size=4, sampler_overrides={"parallel_attempts": 1}
+    )
+    np.testing.assert_array_equal(one.predictions, plain.predictions)
+    k = 3
+    wide = experiment.solve_sudoku(
+        exp, params, puzzles, seed=0, batch_size=4, sampler_overrides={"parallel_attempts": k}
+    )
+    # By hand: the K copies solved as one set of K x n rows, mapped back, scored by blank + conflicting + broken cells.
+    group = experiment.sudoku_grid_symmetries(k)
+    by_hand = experiment.solve_sudoku(
+        exp, params, views_lib.relabel_grids(group, puzzles).reshape(-1, 81), seed=0, batch_size=4
+    )
+    grids = views_lib.unrelabel_grids(group, by_hand.predictions.reshape(k, len(puzzles), 81))
+    np.testing.assert_array_equal(grids[0], plain.predictions)  # copy 0 is the plain attempt, same keys
+    broken = sudoku_lib.conflicting_cells(grids).sum(-1) + (grids == 0).sum(-1)
+    best = broken.min(axis=0)
+    np.testing.assert_array_equal(sudoku_lib.conflicting_cells(wide.predictions).sum(-1), best)
+    assert (best <= broken[0]).all() and (best < broken[0]).any()  # never worse than one attempt, here better
+    for i in range(len(puzzles)):
+        assert any((wide.predictions[i] == grids[j, i]).all() for j in np.flatnonzero(broken[:, i] == best[i]))
+    assert sudoku_lib.respects_givens(wide.predictions, puzzles).all()
+    steps = by_hand.steps.reshape(k, len(puzzles))
+    np.testing.assert_array_equal(wide.steps, steps.max(axis=0))  # the copies run side by side
+    np.testing.assert_array_equal(wide.network_passes, steps.sum(axis=0))
+    metrics = experiment.evaluate_sudoku(
+        exp, params, puzzles, exp.data.eval_solutions[:6], batch_size=4, sampler_overrides={"parallel_attempts": k}
+    )
+    assert metrics["network_evaluations_per_puzzle"] == pytest.approx(steps.sum(axis=0).mean())
+    with pytest.raises(ValueError, match="parallel_attempts"):
+        experiment.solve_sudoku(exp, params, puzzles, sampler_overrides={"parallel_attempts": 0})

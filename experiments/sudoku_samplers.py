@@ -18,7 +18,9 @@ rounds; their forward passes per puzzle include every round. The restart rows (`
 whose grid still breaks a rule again from scratch, tokens at `RESTART_TEMPERATURE` and the decision order shuffled by
 Gumbel noise on the margin scores (`RESTART_SELECTION_KWARGS`), up to K times; every attempt's passes count.
 The views rows (`sampler.views`) average the model over K relabelled copies of the grid at every pass (the same
-passes, K times the network evaluations).
+passes, K times the network evaluations). The parallel-attempts rows (`sampler.parallel_attempts`) solve K symmetric
+copies of each puzzle side by side and keep one that abides by the rules (passes: the slowest copy's; network
+evaluations: all K).
 `--merge` adds the chosen settings to an existing table of the same checkpoint and sets. `--resume_from LOG` takes
 the rows that an interrupted run already printed (its stdout, one JSON line per row) instead of solving them again.
 Generated puzzles that the training set holds are dropped (the count is recorded). Speed: puzzles per second of the
@@ -37,7 +39,7 @@ import time
 
 import numpy as np
 
-SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repairs[, restarts[, constraint[, views]]]])
+SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repairs[, restarts[, constraint[, views[, attempts]]]]])
     ("ancestral", "ancestral", "", 12),
     ("ancestral", "ancestral", "", 24),
     ("top-probability", "top_k_top_probability", "", 12),
@@ -89,6 +91,11 @@ ROW_NOTES = {
     "stacks, rows and columns inside them permuted, transposed, digits relabelled; `sampler.views=sudoku:K`) and "
     "decides from the mean of their log-probabilities mapped back: the same passes, K times the network evaluations "
     "(`network_evaluations_per_puzzle` in the JSON).",
+    "parallel_attempts": 'Rows with "parallel attempts": K symmetric copies of each puzzle (the same group as the views, '
+    "another seed; copy 0 the puzzle itself) are solved side by side in the same batches, each grid is mapped back, "
+    "and the first that is complete, keeps the givens and breaks no rule is kept (`sampler.parallel_attempts=K`). "
+    "The passes shown are the slowest copy's (the copies run in lockstep, so this is the sequential depth); the "
+    "network evaluations add all K copies (`network_evaluations_per_puzzle` in the JSON).",
 }
 
 
@@ -206,6 +213,7 @@ def main():
             "restart_selection_kwargs": RESTART_SELECTION_KWARGS,
             "constraint": row.get("constraint", ""),
             "views": row.get("views", ""),
+            "parallel_attempts": row.get("parallel_attempts", 1),
             **temperature,
         }
 
@@ -223,6 +231,8 @@ def main():
             "constraint": more[2] if len(more) > 2 else "",
             "views": more[3] if len(more) > 3 else "",
         }
+        if len(more) > 4 and more[4] > 1:  # only when used, so that rows printed before the option keep their key
+            row["parallel_attempts"] = more[4]
         if row["restarts"]:
             row["restart_temperature"] = RESTART_TEMPERATURE
             row["restart_selection_kwargs"] = RESTART_SELECTION_KWARGS
@@ -340,7 +350,17 @@ def main():
     print(f"wrote {out}/samplers.{{json,md,png}}", flush=True)
 
 
-SETTING_KEYS = ("sampler", "selection", "kwargs", "max_steps", "repair_rounds", "restarts", "constraint", "views")
+SETTING_KEYS = (
+    "sampler",
+    "selection",
+    "kwargs",
+    "max_steps",
+    "repair_rounds",
+    "restarts",
+    "constraint",
+    "views",
+    "parallel_attempts",
+)
 
 
 def setting_key(row: dict) -> tuple:

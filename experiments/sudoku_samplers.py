@@ -74,6 +74,8 @@ SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repairs[, res
     # Symmetry views (sampler.views="sudoku:K", views.py): each pass averages the model over K relabelled grids
     ("margin + 8 symmetry views", "top_k_margin", "", 12, 0, 0, "", "sudoku:8"),
     ("margin + rules + sure >= 0.99 + 8 views", "top_k_margin", '{"also_above": 0.99}', 81, 0, 0, "sudoku", "sudoku:8"),
+    # Parallel attempts (sampler.parallel_attempts=K): K symmetric copies solved side by side, one that abides kept
+    ("margin + rules + sure >= 0.99 + 8 attempts", "top_k_margin", '{"also_above": 0.99}', 12, 0, 0, "sudoku", "", 8),
 ]
 # Restart attempts draw tokens at T 1 and add Gumbel noise (scale 0.1) to the margin scores, so that they decide cells
 # in another order. Tuned on generated:24-29:200:11 (not an evaluation set), margin 81 + 4 restarts: no restart 62.5%;
@@ -136,6 +138,7 @@ def score(exp, params, data, overrides, batch_size=250) -> dict:
         "cell_accuracy",
         "forward_passes_per_puzzle",
         "max_forward_passes_per_puzzle",
+        "network_evaluations_per_puzzle",  # passes x symmetry views, summed over parallel attempts
         "puzzles_per_second",
     )
     row = {k: out[k] for k in keep}

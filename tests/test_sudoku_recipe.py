@@ -230,14 +230,21 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
     log.write_text(json.dumps({**table["rows"][0], "checkpoint_step": 99}) + "\n")
     with pytest.raises(ValueError, match="checkpoint step 99"):
         runpy.run_path(script, run_name="__main__")
-    monkeypatch.setattr(sys, "argv", ["sudoku_samplers.py", *common, "--settings", "24", "--merge"])
+    monkeypatch.setattr(sys, "argv", ["sudoku_samplers.py", *common, "--settings", "24,28", "--merge"])
     runpy.run_path(script, run_name="__main__")
     merged = json.loads((out_dir / "samplers.json").read_text())
-    assert [r["max_steps"] for r in merged["rows"]] == [12, 12, 81] and "rows added by" in merged["command"]
-    adaptive = merged["rows"][-1]["a_30_36"]  # rules + sure cells: passes adapt, the most any puzzle took is kept
+    assert [r["max_steps"] for r in merged["rows"]] == [12, 12, 81, 12] and "rows added by" in merged["command"]
+    attempts = merged["rows"][3]  # 8 parallel attempts: the slowest copy's passes, all 8 copies' network evaluations
+    assert attempts["parallel_attempts"] == 8 and "parallel_attempts" not in merged["rows"][2]
+    passes, evaluations = (
+        attempts["a_30_36"][k] for k in ("forward_passes_per_puzzle", "network_evaluations_per_puzzle")
+    )
+    assert passes <= evaluations <= 8 * passes and attempts["a_30_36"]["max_forward_passes_per_puzzle"] <= 12
+    adaptive = merged["rows"][2]["a_30_36"]  # rules + sure cells: passes adapt, the most any puzzle took is kept
     assert 1 <= adaptive["forward_passes_per_puzzle"] <= adaptive["max_forward_passes_per_puzzle"] <= 81
     markdown = (out_dir / "samplers.md").read_text()
     assert "margin + 4 restarts" in markdown and "Restart rows" in markdown and (out_dir / "samplers.png").is_file()
+    assert 'Rows with "parallel attempts"' in markdown
     assert f", max {adaptive['max_forward_passes_per_puzzle']})" in markdown
     monkeypatch.setattr(
         sys, "argv", ["sudoku_samplers.py", *common[:-4], "--num", "5", "--out", str(out_dir), "--merge"]

@@ -45,7 +45,7 @@ from hackable_diffusion.sampling.constraints import make_constraint
 from hackable_diffusion.sampling.early_stopping import make_early_stopping
 from hackable_diffusion.sampling.selection import make_selection
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
-from hackable_diffusion.sampling.views import make_views, relabel_grids, sudoku_views, unrelabel_grids
+from hackable_diffusion.sampling.views import make_views, sudoku_views, unrelabel_grids
 
 # ----------------------------------------------------------------------------------------------------------------
 # Sudoku: vocabulary, data, iterator
@@ -609,14 +609,14 @@ def with_sampler_overrides(config: ml_collections.ConfigDict, overrides: dict[st
 class SudokuSolution:
     """predictions: (n, 81) grids; steps: denoising steps (forward passes) each puzzle used; seconds: wall time of
     the solving calls after one compile/warm-up batch; batch_forward_passes: model calls over all batches;
-    network_passes: with parallel attempts, each puzzle's passes summed over its attempts (its `steps` is the slowest
-    attempt's, since the attempts run side by side)."""
+    network_passes: each puzzle's passes summed over its parallel attempts (= steps with one attempt; with more, `steps`
+    is the slowest attempt's, since the attempts run side by side)."""
 
     predictions: np.ndarray
     steps: np.ndarray
     seconds: float
     batch_forward_passes: int
-    network_passes: np.ndarray | None = None  # per puzzle, over all parallel attempts (None: = steps)
+    network_passes: np.ndarray
 
 
 def _restart_overrides(config: ml_collections.ConfigDict, layout: str) -> dict[str, Any]:
@@ -824,7 +824,7 @@ def solve_sudoku(
         steps[todo] += new_steps
         passes += restart_passes
     seconds = time.perf_counter() - start_time
-    return SudokuSolution(preds, steps, seconds, passes)
+    return SudokuSolution(preds, steps, seconds, passes, network_passes=steps)
 
 
 ATTEMPT_SYMMETRY_SEED = 1  # the symmetries of parallel attempts (symmetry views inside a step use seed 0)
@@ -849,11 +849,11 @@ def _solve_in_parallel_attempts(
     """`sampler.parallel_attempts` (see `solve_sudoku`): K symmetric copies of every puzzle, solved side by side."""
     n = len(puzzles)
     group = sudoku_grid_symmetries(attempts)
-    copies = relabel_grids(group, puzzles)  # (K, n, 81); copy k of puzzle i is row k * n + i below
+    copies = np.asarray(group.to_views(jnp.asarray(puzzles))).astype(puzzles.dtype)  # copy k of puzzle i: row k*n + i
     inner = solve_sudoku(
         exp,
         params,
-        copies.reshape(attempts * n, 81),
+        copies,
         seed=seed,
         batch_size=batch_size,
         sampler_overrides={**(sampler_overrides or {}), "parallel_attempts": 1},
@@ -903,8 +903,7 @@ def evaluate_sudoku(
     out["batch_forward_passes"] = solution.batch_forward_passes
     views = make_views(str(with_sampler_overrides(exp.config, sampler_overrides or {}).sampler.get("views", "") or ""))
     # network evaluations: a pass with K symmetry views runs the model on K copies of the grid (views.py)
-    network_passes = solution.steps if solution.network_passes is None else solution.network_passes
-    out["network_evaluations_per_puzzle"] = float(network_passes.mean()) * (views.num_views if views else 1)
+    out["network_evaluations_per_puzzle"] = float(solution.network_passes.mean()) * (views.num_views if views else 1)
     out["puzzles_per_second"] = float(len(puzzles) / max(solution.seconds, 1e-9))
     out["solve_seconds"] = solution.seconds
     out["givens_kept"] = bool(sudoku_lib.respects_givens(solution.predictions, puzzles).all())

@@ -330,7 +330,7 @@ def test_grid_symmetries_map_solutions_to_solutions_and_back():
     solution = sudoku_lib.solve(np.zeros(81, np.int8), max_solutions=1).solutions[0][None]  # any complete grid
     puzzle = np.where(np.arange(81) % 3 == 0, solution, 0)
     group = experiment.sudoku_grid_symmetries(5)
-    copies = views_lib.relabel_grids(group, np.concatenate([solution, puzzle]))
+    copies = np.asarray(group.to_views(jnp.asarray(np.concatenate([solution, puzzle])))).reshape(5, 2, 81)
     np.testing.assert_array_equal(copies[0], np.concatenate([solution, puzzle]))  # copy 0 is the identity
     assert sudoku_lib.is_valid_solution(copies[:, 0]).all()
     assert all((copies[k, 0] != solution[0]).any() for k in range(1, 5))  # the other copies are new grids
@@ -356,7 +356,7 @@ def test_parallel_attempts_keep_the_best_copy_and_count_every_pass(tmp_path):
     # By hand: the K copies solved as one set of K x n rows, mapped back, scored by blank + conflicting + broken cells.
     group = experiment.sudoku_grid_symmetries(k)
     by_hand = experiment.solve_sudoku(
-        exp, params, views_lib.relabel_grids(group, puzzles).reshape(-1, 81), seed=0, batch_size=4
+        exp, params, np.asarray(group.to_views(jnp.asarray(puzzles))), seed=0, batch_size=4
     )
     grids = views_lib.unrelabel_grids(group, by_hand.predictions.reshape(k, len(puzzles), 81))
     np.testing.assert_array_equal(grids[0], plain.predictions)  # copy 0 is the plain attempt, same keys

@@ -119,15 +119,9 @@ def sudoku_views(num_views: int, seed: int = 0, *, first_digit_id: int = 4, voca
     return PermutationViews(tuple(positions), tuple(tokens))
 
 
-def relabel_grids(views: PermutationViews, grids: Int[np.ndarray, "b c"]) -> Int[np.ndarray, "k b c"]:
-    """Every view's copy of whole grids, on the host: out[k, r, i] = tokens[k][grids[r, positions[k][i]]]."""
-    grids = np.asarray(grids)
-    positions, tokens = np.asarray(views.positions), np.asarray(views.tokens)
-    return np.stack([tokens[k][grids[:, positions[k]]] for k in range(views.num_views)]).astype(grids.dtype)
-
-
 def unrelabel_grids(views: PermutationViews, copies: Int[np.ndarray, "k b c"]) -> Int[np.ndarray, "k b c"]:
-    """The inverse of `relabel_grids`: each view's grids mapped back to the original positions and tokens."""
+    """The inverse of `PermutationViews.to_views` for grids of tokens (its rows reshaped to (K, b, c)), on the host:
+    each view's grids mapped back to the original positions and tokens."""
     copies = np.asarray(copies)
     positions, tokens = np.asarray(views.positions), np.asarray(views.tokens)
     out = np.empty_like(copies)

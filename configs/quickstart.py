@@ -6,9 +6,8 @@ A 1.5M-parameter Gemma-4-style MoE model; canvases of 32 characters, each denois
 encoder's KV cache of the clean canvases before it (BD3-LM / DiffusionGemma structure); MD4/MDLM ELBO; sampled with
 the entropy-bound rule (EB-Sampler / DiffusionGemma), canvas after canvas.
 
-Masking rather than DiffusionGemma's uniform noise: with uniform noise the sampler re-randomises every position it
-does not accept, and a model this small accepts few, so its samples stay mostly noise after minutes of training
-(`configs/shakespeare_uniform.py`-style runs need more compute); a masking sampler commits a model sample everywhere.
+Masking rather than DiffusionGemma's uniform noise: the uniform sampler re-randomises every position it does not
+accept, and a model this small accepts few, so minutes of training leave its samples mostly noise.
 """
 
 from hackable_diffusion import recipes

@@ -3,7 +3,7 @@
   python -m hackable_diffusion.train --config configs/quickstart.py --workdir runs/quickstart    # the base model
   python -m hackable_diffusion.sft --config configs/sft_shakespeare_lora.py --workdir runs/sft_lora
 
-DiffusionGemma's SFT recipe (`shared/design/diffusiongemma.md` §2): canvas cross-entropy on one uniformly corrupted
+DiffusionGemma's SFT recipe (docs/reference.md §3): canvas cross-entropy on one uniformly corrupted
 canvas + the encoder's AR loss, self-conditioning, adapters of rank 8 on every linear map except the experts, with
 alpha / rank = 2 (the reference has no alpha). Start from a converted Gemma-4 tree instead with
 `--config.init.kind=gemma --config.init.checkpoint=DIR` (shaped by config.model), or fine-tune fully with

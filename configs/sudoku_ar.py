@@ -1,15 +1,11 @@
-"""Sudoku left to right: the backbone of configs/sudoku.py made causal, over [puzzle; solution].
+"""Sudoku left to right: the backbone of configs/sudoku.py made causal over [puzzle; solution].
 
   python -m hackable_diffusion.train --config configs/sudoku_ar.py --workdir runs/sudoku_ar
   python -m hackable_diffusion.evaluate --task sudoku --workdir runs/sudoku_ar --data generated:30-36:1000:7
 
-Same data (generated unique puzzles, 24-50 givens) and the same 4.5M-parameter shape with row/column/box embeddings.
-The loss is the next-token cross-entropy on the 81 solution cells (the prompt's cells are context only); solving
-prefills the puzzle and decodes 81 cells greedily with the KV cache (Ye et al. 2024's AR baseline, without a
-solver-chosen cell order). Budget: equal wall time with configs/sudoku.py, not equal examples: a row here is 162
-tokens, causal, so 1300 steps of 32 (41.6k puzzles) take about as long as the in-place model's 3000 steps of 32.
-The shared backbone gained the row/column/box attention bias in session 7 (`model.grid_attention_bias=4`, causal
-here too); the stored AR run (session 3) predates it: `--config.model.grid_attention_bias=0` reproduces it.
+Next-token CE on the 81 solution cells; solving prefills the puzzle and decodes the cells greedily with the KV cache
+(Ye et al. 2024's autoregressive baseline). Equal wall time with the in-place recipe (rows are 162 tokens): it solves
+0.8% of 500 held-out 30-36-givens puzzles, where the in-place model solved 87.2% in 12 passes (results/sudoku/).
 """
 
 from hackable_diffusion import recipes

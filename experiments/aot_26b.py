@@ -43,7 +43,7 @@ Deliberate choices and caveats (each JSON line says which were used):
 Usage: python experiments/aot_26b.py [--dispatch ragged|sorted|dense] [--num_layers 30] [--batch 8 --seq 4096]
        [--layout constrained|toolbox] [--batch_axes data,fsdp,expert] [--programs train_adamw,...] [--markdown]
        [--num_devices 16 --mesh data=1,fsdp=4,expert=4,tensor=1]
-Results and the GPU counts: experiments/README_aot.md.
+Results and the GPU counts: docs/scaling.md.
 """
 
 from __future__ import annotations

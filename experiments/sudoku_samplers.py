@@ -1,14 +1,14 @@
 """The Sudoku sampler table: which unmasking order solves puzzles, at which step budget (Kim et al. 2025's ordering).
 
   python experiments/sudoku_samplers.py --workdir runs/sudoku --ar_workdir runs/sudoku_ar \
-      [--num 1000] [--kaggle ../shared/data/sudoku/kaggle3m_curated_5000.csv] [--out results/sudoku]
+      [--num 1000] [--kaggle kaggle3m_curated_5000.csv] [--out results/sudoku]
 
 For the trained in-place model (configs/sudoku.py) it solves
   (a) `--num` held-out generated puzzles with 30-36 givens (generator seed 7, unique solutions),
   (b) `--num` held-out generated puzzles with 24-29 givens (seed 8),
 with vanilla ancestral sampling, top-probability, top-probability margin and entropy ordering at several step budgets,
 the entropy bound (gamma sweep) and the confidence threshold (tau sweep), plus the AR model (configs/sudoku_ar.py,
-81 greedy cached decode steps after the puzzle's prefill). The shared Kaggle file (c) is solved by every diffusion
+81 greedy cached decode steps after the puzzle's prefill). The Kaggle sample that ships with the package (c) is solved by every diffusion
 setting at the 12- and 81-step budgets (`KAGGLE_BUDGETS`) and by the AR model, on a seeded random subset of
 `--kaggle_limit` puzzles, split by its `level` column; the best setting is also run on `--kaggle_best_limit`
 puzzles (0: the whole file). The adaptive rules (entropy bound, threshold) get at most 12 steps here; below that
@@ -38,6 +38,8 @@ import pathlib
 import time
 
 import numpy as np
+
+from hackable_diffusion import cli
 
 SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repairs[, restarts[, constraint[, views[, attempts]]]]])
     ("ancestral", "ancestral", "", 12),
@@ -159,7 +161,11 @@ def main():
     parser.add_argument("--workdir", default="runs/sudoku")
     parser.add_argument("--ar_workdir", default="runs/sudoku_ar", help="'' to skip the AR row and the speed test")
     parser.add_argument("--num", type=int, default=1000)
-    parser.add_argument("--kaggle", default="../shared/data/sudoku/kaggle3m_curated_5000.csv")
+    parser.add_argument(
+        "--kaggle",
+        default="kaggle3m_curated_5000.csv",
+        help="a CSV path or the name of a shipped data file ('' = no Kaggle column)",
+    )
     parser.add_argument("--kaggle_limit", type=int, default=500, help="random subset for the sweep (0 = all)")
     parser.add_argument("--kaggle_best_limit", type=int, default=0, help="random subset for the best setting (0 = all)")
     parser.add_argument("--out", default="results/sudoku")
@@ -181,7 +187,6 @@ def main():
     )
     args = parser.parse_args()
 
-    from hackable_diffusion import cli
     from hackable_diffusion import experiment as exp_lib
 
     cli.quiet_library_logs()
@@ -195,7 +200,7 @@ def main():
         "b_24_29": load_set(f"generated:24-29:{args.num}:8", seed, exp.config),
     }
     kaggle = None
-    if args.kaggle and pathlib.Path(args.kaggle).exists():
+    if args.kaggle:
         kaggle = load_set(args.kaggle, seed, exp.config)
     kaggle_subset = kaggle
     if kaggle is not None and args.kaggle_limit and args.kaggle_limit < len(kaggle["puzzles"]):
@@ -321,8 +326,7 @@ def main():
 
     out.mkdir(parents=True, exist_ok=True)
     result = {
-        "command": "python experiments/sudoku_samplers.py "
-        + " ".join(f"--{k}={v}" for k, v in vars(args).items() if v not in ("", 0, None)),
+        "command": cli.argparse_command("experiments/sudoku_samplers.py", args, skip=("", 0, None)),
         "workdir": args.workdir,
         "checkpoint_step": step,
         # tokens drawn at this temperature; cells ranked by logits / score_temperature (0: by the sampling logits)
@@ -426,8 +430,8 @@ def merge_into(path: pathlib.Path, rows: list, args, step: int):
     result = check_merge(path, args, step)
     new = {(r["sampler"], r["max_steps"]) for r in rows}
     result["rows"] = [r for r in result["rows"] if (r["sampler"], r["max_steps"]) not in new] + rows
-    result["command"] += " ; then rows added by python experiments/sudoku_samplers.py " + " ".join(
-        f"--{k}={v}" for k, v in vars(args).items() if v not in ("", 0, None, False)
+    result["command"] += " ; then rows added by " + cli.argparse_command(
+        "experiments/sudoku_samplers.py", args, skip=("", 0, None)
     )
     path.write_text(json.dumps(result, indent=1))
     write_markdown(result, path.with_suffix(".md"))

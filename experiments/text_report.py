@@ -113,14 +113,13 @@ def main():
     ar = exp_lib.from_workdir(args.ar)
     ar_params, _ = exp_lib.load_params(ar, args.ar)
     report = {
-        "command": "python experiments/text_report.py "
-        + " ".join(f"--{k}={v}" for k, v in vars(args).items() if v not in (False, None, "")),
+        "command": cli.argparse_command("experiments/text_report.py", args),
         "runs": {},
     }
     previous = pathlib.Path(args.out) / "report.json"
     if args.merge and previous.exists():
         report["runs"] = json.loads(previous.read_text())["runs"]
-        report["command"] += " (merged into an earlier report of the other runs)"
+        report["merged"] = "rows merged into an earlier report of the other runs"
     for workdir in [w for w in args.runs.split(",") if w]:
         exp = exp_lib.from_workdir(workdir)
         params, step = exp_lib.load_params(exp, workdir)
@@ -166,7 +165,7 @@ def main():
 
 def write_table(report: dict, path: pathlib.Path):
     lines = [
-        f"Made by `{report['command']}`.",
+        f"Made by `{report['command']}`" + (f" ({report['merged']})." if report.get("merged") else "."),
         "",
         "| run | model | tokens seen | validation bound | SE (rel.) | gen. ppl (under AR) | unigram entropy (bits) | "
         "tokens/s (batch of samples) | mean steps / canvas |",

@@ -128,9 +128,8 @@ def measure_trained(args, repeats: int) -> float:
 
     dif = exp_lib.from_workdir(args.diffusion_workdir)
     if args.sampler:
-        from hackable_diffusion.evaluate import parse_overrides
-
-        dif = dataclasses.replace(dif, config=exp_lib.with_sampler_overrides(dif.config, parse_overrides(args.sampler)))
+        overrides = dict(item.split("=", 1) for item in args.sampler)  # KEY=VALUE, cast to the key's type
+        dif = dataclasses.replace(dif, config=exp_lib.with_sampler_overrides(dif.config, overrides))
     ar = exp_lib.from_workdir(args.ar_workdir)
     if dif.is_autoregressive or not ar.is_autoregressive:
         raise SystemExit("--diffusion_workdir must be a diffusion run and --ar_workdir an autoregressive run.")

@@ -1,7 +1,13 @@
-"""Command-line helpers shared by `train`, `sample` and `evaluate`: config overrides checked before absl parses them.
+"""Command-line helpers shared by the entry points (`train`, `sample`, `evaluate`, `sft`): one override syntax, one
+error style.
 
-ml_collections reports a misspelt `--config.a.b=...` override with a traceback from deep inside flag parsing; here an
-unknown key stops the command with one line naming the key and the closest existing keys.
+Every command takes `--config.<path>=value` overrides with ml_collections' own parsing and types: `train` and `sft`
+of the config file named by `--config`, `sample` and `evaluate` of the run's saved `workdir/config.json` (so
+`--config.sampler.num_steps=12` means the same thing everywhere). ml_collections reports a misspelt key with a
+traceback from deep inside flag parsing; here an unknown key stops the command with one line naming the closest
+existing keys. `run_command` gives every entry point the same behaviour: `--help` works without other flags and exits
+0; a bad input prints `error: <what is wrong and how to fix it>` on one line and exits 2 (set HD_TRACEBACK=1 to see
+the traceback).
 """
 
 from __future__ import annotations
@@ -10,15 +16,146 @@ import datetime
 import difflib
 import importlib.util
 import json
+import os
 import pathlib
 import sys
-from typing import Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
 
 class ConfigKeyError(ValueError):
     """An override names a config key that does not exist."""
+
+
+HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
+TRACEBACK_ENV = "HD_TRACEBACK"
+CHECK_FLAGS_ENV = "HD_CHECK_FLAGS"  # =1: parse and check the command line, then exit 0 without running it
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)  # bad input, not a bug in the toolbox
+
+
+def flag_value(argv: Sequence[str], name: str) -> str | None:
+    """The value of `--name=V` or `--name V` in argv (the last one wins), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{name}="):
+            value = arg.split("=", 1)[1]
+        elif arg == f"--{name}" and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value = argv[i + 1]
+    return value
+
+
+def define_config_file_flag(argv: Sequence[str], help_text: str):
+    """`--config FILE` plus `--config.<path>=value` overrides of it (train, sft); unknown keys are refused first."""
+    from ml_collections import config_flags
+
+    path = flag_value(argv, "config")
+    if path is not None:
+        check_overrides(load_config_file(path.split(":", 1)[0]), argv)
+    return config_flags.DEFINE_config_file("config", None, help_text)
+
+
+def define_workdir_config_flag(argv: Sequence[str]):
+    """`--config.<path>=value` overrides of the run's saved config (sample, evaluate). Without a `--workdir` holding a
+    config.json (`--help`, a dry parse) the base config stands in, so the overrides can still be checked."""
+    from ml_collections import config_flags
+
+    from hackable_diffusion import recipes
+
+    workdir = flag_value(argv, "workdir")
+    has_config = workdir is not None and (pathlib.Path(workdir) / "config.json").is_file()
+    config = load_saved_config(workdir) if has_config else recipes.base_config()
+    check_overrides(config, argv)
+    return config_flags.DEFINE_config_dict(
+        "config", config, "The run's saved config; override any key with --config.<path>=value."
+    )
+
+
+def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of `config` with each dotted key set (`{"sampler.num_steps": 3}`), as `--config.sampler.num_steps=3`
+    would; an unknown key raises ConfigKeyError with the closest keys."""
+    config = config.copy_and_resolve_references()
+    check_overrides(config, [f"--config.{key}=" for key in overrides])
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = config
+        for name in parents:
+            node = node[name]
+        node[leaf] = value
+    return config
+
+
+def argparse_command(script: str, args: Any, skip: Sequence[Any] = ("", None)) -> str:
+    """The command line that reproduces an argparse Namespace: `python SCRIPT --key=value ...`, a True boolean as a
+    bare `--key`, False booleans and values in `skip` left out; quoted for the shell."""
+    import shlex
+
+    parts = ["python", script]
+    for key, value in vars(args).items():
+        if value is True:
+            parts.append(f"--{key}")
+        elif value is not False and not any(value is s or (type(value) is type(s) and value == s) for s in skip):
+            parts.append(f"--{key}={value}")
+    return shlex.join(parts)
+
+
+def fail(message: str) -> None:
+    """The one error style of every command: one line on stderr, exit status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def flags_help() -> str:
+    """One line per flag of the command (its own and `--config`), defaults shortened."""
+    from absl import flags
+
+    by_module = flags.FLAGS.flags_by_module_dict()
+    lines = []
+    for module in sorted(by_module, key=lambda m: m == __name__):  # the command's own flags, then --config
+        if module.startswith("absl."):
+            continue
+        for flag in sorted(by_module[module], key=lambda f: f.name):
+            default = repr(flag.default) if not isinstance(flag.default, ml_collections.ConfigDict) else "the config"
+            default = default if len(default) <= 40 else default[:37] + "..."
+            lines.append(f"  --{flag.name}: {flag.help} (default: {default})")
+    return "\n".join(lines)
+
+
+def run_command(define_flags: Callable[[Sequence[str]], None], main: Callable[[Sequence[str]], None], usage: str):
+    """Runs an entry point: defines its flags from argv, answers --help (exit 0), parses the flags, runs `main` under
+    absl, and turns bad input (a `USER_ERRORS` exception, a flag error) into one `error:` line and exit 2."""
+    from absl import app, flags
+
+    argv = list(sys.argv)
+    show_traceback = bool(os.environ.get(TRACEBACK_ENV))
+    try:
+        define_flags(argv)
+    except (ConfigKeyError, *USER_ERRORS) as err:
+        fail(str(err))
+    if any(arg in HELP_FLAGS for arg in argv[1:]):
+        print(usage.strip() + "\n\nflags:\n" + flags_help())
+        sys.exit(0)
+    try:
+        remaining = flags.FLAGS(argv)
+    except flags.Error as err:
+        fail(f"{err} (see --help).")
+    if len(remaining) > 1:
+        fail(f"unexpected arguments {remaining[1:]} (flags are --name=value; see --help).")
+    if os.environ.get(CHECK_FLAGS_ENV):
+        print("flags ok")
+        sys.exit(0)
+
+    def guarded_main(args):
+        try:
+            main(args)
+        except app.UsageError as err:
+            fail(str(err))
+        except USER_ERRORS as err:
+            if show_traceback:
+                raise
+            fail(f"{err} (set {TRACEBACK_ENV}=1 for the traceback)")
+
+    app.run(guarded_main, argv=argv, flags_parser=lambda _: remaining)
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
@@ -143,6 +280,14 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
         for key, value in recipes.base_config().sampler.items():
             if key not in config.sampler:
                 config.sampler[key] = value
+    if "model" in config:  # model fields a run saved before they were spelled out take their (training-time) default
+        import dataclasses
+
+        from hackable_diffusion.models.config import TransformerConfig
+
+        for field in dataclasses.fields(TransformerConfig):
+            if field.name not in config.model and field.default not in (dataclasses.MISSING, None):
+                config.model[field.name] = field.default
     return config
 
 

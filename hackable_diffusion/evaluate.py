@@ -2,12 +2,14 @@
 
   python -m hackable_diffusion.evaluate --workdir runs/NAME --task likelihood [--num_batches 0] [--num_samples 4]
   python -m hackable_diffusion.evaluate --workdir runs/sudoku --task sudoku --data FILE.csv [--limit N] \
-      [--sampler=num_steps=20 --sampler=selection=top_k_top_probability]
+      [--config.sampler.num_steps=20 --config.sampler.selection=top_k_top_probability]
+
+`--config.<path>=value` overrides any key of the run's saved config (workdir/config.json): the sampler section, or
+e.g. `--config.model.depth_loops=3` to run a looped model's stack another number of times per pass (same weights).
 
 `likelihood`: validation bits per token, bits per character (Shakespeare) or perplexity per word (PTB): the exact
 NLL for an autoregressive run, the ELBO bound (Monte-Carlo over noise levels, standard error printed; `--repeats R`
-passes with fresh noise until the SE is small) for a diffusion run; optionally `--num_samples N` samples
-(`--sampler=KEY=VALUE` overrides) and, with `--scorer_workdir AR_RUN`, their generative perplexity under that
+passes with fresh noise until the SE is small) for a diffusion run; optionally `--num_samples N` samples and, with `--scorer_workdir AR_RUN`, their generative perplexity under that
 autoregressive run. Prints one JSON line.
 
 `sudoku`: solves the puzzles of `--data` with the run's sampler (givens fixed) and prints DiffusionGemma's Sudoku
@@ -20,9 +22,9 @@ from generator seed SEED, which must differ from the training seed; duplicate pu
 from __future__ import annotations
 
 import json
-import sys
 import time
 
+import ml_collections
 from absl import app, flags
 
 from hackable_diffusion import cli
@@ -30,12 +32,12 @@ from hackable_diffusion import cli
 FLAGS = flags.FLAGS
 
 
-def define_flags():
+def define_flags(argv: list[str]):
+    cli.define_workdir_config_flag(argv)
     flags.DEFINE_string("workdir", None, "A training workdir.")
     flags.DEFINE_enum("task", "likelihood", ["likelihood", "sudoku"], "What to evaluate.")
     flags.DEFINE_string("data", None, "sudoku: a CSV file or generated:LO-HI:N:SEED.")
     flags.DEFINE_integer("limit", 0, "sudoku: first N puzzles only (0 = all).")
-    flags.DEFINE_multi_string("sampler", [], "KEY=VALUE override of config.sampler (repeatable).")
     flags.DEFINE_integer("num_batches", 0, "Validation batches (0 = the whole split).")
     flags.DEFINE_integer("batch_size", 0, "Evaluation batch size (0 = config.eval.batch_size).")
     flags.DEFINE_integer("repeats", 1, "Monte-Carlo passes over the split (diffusion ELBO).")
@@ -48,22 +50,6 @@ def define_flags():
         "scorer_workdir", None, "likelihood: an autoregressive run that scores the samples (generative perplexity)."
     )
     flags.DEFINE_integer("max_new_tokens", 0, "likelihood: tokens per sample (0 = config.sampler.max_new_tokens).")
-    flags.DEFINE_integer(
-        "depth_loops",
-        0,
-        "sudoku: apply the layer stack this many times per pass (0 = as trained, model.depth_loops); for a looped "
-        "run, more or fewer loops at inference than in training.",
-    )
-
-
-def parse_overrides(items: list[str] | None) -> dict[str, str]:
-    overrides = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"--sampler={item!r} must be KEY=VALUE, e.g. --sampler=num_steps=20.")
-        key, value = item.split("=", 1)
-        overrides[key] = value
-    return overrides
 
 
 def likelihood(
@@ -76,20 +62,16 @@ def likelihood(
     num_samples: int = 0,
     scorer_workdir: str | None = None,
     max_new_tokens: int = 0,
-    sampler: list[str] | None = None,
+    config: ml_collections.ConfigDict | None = None,
     weights: str = "ema",
 ) -> dict:
-    import dataclasses
-
+    """Validation likelihood of the run in `workdir`; `config`: its saved config with overrides (None = as saved)."""
     import numpy as np
 
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.data.tokenizers import BOS_ID
 
-    exp = exp_lib.from_workdir(workdir)
-    overrides = parse_overrides(sampler)
-    if overrides:
-        exp = dataclasses.replace(exp, config=exp_lib.with_sampler_overrides(exp.config, overrides))
+    exp = exp_lib.build(config or cli.load_saved_config(workdir), workdir)
     weights_used = _weights_used(exp, weights)  # checks the value before loading
     params, step = exp_lib.load_params(exp, workdir, use_ema=weights_used == "ema")
     start = time.perf_counter()
@@ -141,7 +123,8 @@ def likelihood(
 
 
 def load_sudoku_puzzles(spec: str, *, train_seed: int | None = None, limit: int = 0) -> dict:
-    """puzzles, solutions (and level, when the CSV has it) from a CSV path or `generated:LO-HI:N:SEED`."""
+    """puzzles, solutions (and level, when the CSV has it) from a CSV (a path, or a file name looked up like the
+    corpora: the shipped files, then $HD_DATA_DIR) or `generated:LO-HI:N:SEED`."""
     import numpy as np
 
     from hackable_diffusion.data import sudoku as sudoku_lib
@@ -166,7 +149,12 @@ def load_sudoku_puzzles(spec: str, *, train_seed: int | None = None, limit: int 
         keep = np.sort(first)
         data = {"puzzles": data["puzzles"][keep], "solutions": data["solutions"][keep]}
     else:
-        data = sudoku_lib.read_sudoku_csv(spec)
+        import pathlib
+
+        from hackable_diffusion.data import text as text_lib
+
+        # a path, or the name of a file that ships with the package (kaggle3m_curated_5000.csv) or is in $HD_DATA_DIR
+        data = sudoku_lib.read_sudoku_csv(spec if pathlib.Path(spec).is_file() else text_lib.data_file(spec))
         data = {k: data[k] for k in ("puzzles", "solutions", "level") if k in data}
     if limit:
         data = {k: v[:limit] for k, v in data.items()}
@@ -230,28 +218,18 @@ def sudoku(
     limit: int = 0,
     batch_size: int = 0,
     seed: int = 0,
-    sampler: list[str] | None = None,
+    config: ml_collections.ConfigDict | None = None,
     weights: str = "ema",
-    depth_loops: int = 0,
 ) -> dict:
-    import dataclasses
-
+    """Solves the puzzles of `data` with the Sudoku run in `workdir`; `config`: its saved config with overrides (None
+    = as saved), e.g. the sampler section, or `model.depth_loops` to apply a looped stack another number of times."""
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion.models import transformer as T
 
-    overrides = parse_overrides(sampler)
-    exp = exp_lib.from_workdir(workdir)
+    saved = cli.load_saved_config(workdir)
+    exp = exp_lib.build(config or saved, workdir)
     if exp.config.data.task != "sudoku":
         raise ValueError(f"{workdir} is a {exp.config.data.task!r} run; --task sudoku needs a Sudoku run.")
-    if depth_loops < 0:
-        raise ValueError(f"--depth_loops={depth_loops} must be >= 0 (0 = as trained).")
-    trained_loops = exp.model.cfg.depth_loops
-    if depth_loops and depth_loops != trained_loops:  # same parameters, the stack applied another number of times
-        config = exp.config.copy_and_resolve_references()
-        config.model.depth_loops = depth_loops
-        exp = dataclasses.replace(
-            exp, config=config, model=T.Transformer(exp.model.cfg.replace(depth_loops=depth_loops))
-        )
+    trained_loops = int(saved.model.get("depth_loops", 1))
     weights_used = _weights_used(exp, weights)  # checks the value before loading
     params, step = exp_lib.load_params(exp, workdir, use_ema=weights_used == "ema")
     puzzles = load_sudoku_puzzles(data, train_seed=int(exp.config.data.generator_seed), limit=limit)
@@ -266,9 +244,8 @@ def sudoku(
         levels=puzzles.get("level"),
         seed=seed,
         batch_size=batch_size or 256,
-        sampler_overrides=overrides,
     )
-    config = exp_lib.with_sampler_overrides(exp.config, overrides)
+    config = exp.config
     head = {
         "task": "sudoku",
         "workdir": workdir,
@@ -290,37 +267,32 @@ def main(argv):
     cli.quiet_library_logs()
     if FLAGS.task == "sudoku" and not FLAGS.data:
         raise app.UsageError("--task sudoku needs --data FILE.csv or --data generated:LO-HI:N:SEED.")
-    try:
-        if FLAGS.task == "sudoku":
-            result = sudoku(
-                FLAGS.workdir,
-                FLAGS.data,
-                limit=FLAGS.limit,
-                batch_size=FLAGS.batch_size,
-                seed=FLAGS.seed,
-                sampler=FLAGS.sampler,
-                weights=FLAGS.weights,
-                depth_loops=FLAGS.depth_loops,
-            )
-        else:
-            result = likelihood(
-                FLAGS.workdir,
-                num_batches=FLAGS.num_batches,
-                batch_size=FLAGS.batch_size,
-                repeats=FLAGS.repeats,
-                seed=FLAGS.seed,
-                num_samples=FLAGS.num_samples,
-                scorer_workdir=FLAGS.scorer_workdir,
-                max_new_tokens=FLAGS.max_new_tokens,
-                sampler=FLAGS.sampler,
-                weights=FLAGS.weights,
-            )
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    cli.load_saved_config(FLAGS.workdir)  # a clear error when the workdir holds no run
+    if FLAGS.task == "sudoku":
+        result = sudoku(
+            FLAGS.workdir,
+            FLAGS.data,
+            limit=FLAGS.limit,
+            batch_size=FLAGS.batch_size,
+            seed=FLAGS.seed,
+            config=FLAGS.config,
+            weights=FLAGS.weights,
+        )
+    else:
+        result = likelihood(
+            FLAGS.workdir,
+            num_batches=FLAGS.num_batches,
+            batch_size=FLAGS.batch_size,
+            repeats=FLAGS.repeats,
+            seed=FLAGS.seed,
+            num_samples=FLAGS.num_samples,
+            scorer_workdir=FLAGS.scorer_workdir,
+            max_new_tokens=FLAGS.max_new_tokens,
+            config=FLAGS.config,
+            weights=FLAGS.weights,
+        )
     print(json.dumps(result))
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    cli.run_command(define_flags, main, __doc__)

@@ -6,7 +6,7 @@ everything built is a frozen dataclass, so a notebook can build the same pieces 
 evaluation reuse exactly the model shape, process and tokenizer that training used.
 
 Sudoku (`config.data.task == "sudoku"`, `configs/sudoku.py`): masking diffusion over the 81 cells in place, as in
-Ye et al. 2024 and Kim et al. 2025 (anchors.md §1.9-1.10), with DiffusionGemma's token layout for the specials.
+Ye et al. 2024 and Kim et al. 2025, with DiffusionGemma's token layout for the specials.
 There is no tokenizer: `SudokuVocab` is a fixed vocabulary of 13 ids, PAD/EOS/BOS/MASK = 0..3 and digit d as id
 d + 3 (4..12), so the specials keep their toolbox-wide ids. Givens are `fixed` (attended, never corrupted, not in
 the loss); a puzzle is solved by `sampling.canvas.denoise_canvas` over an empty KV cache with the givens fixed.
@@ -368,7 +368,8 @@ def build_sampler(config: ml_collections.ConfigDict, process: NoiseProcess, **ov
         null_signal=config.diffusion.null_signal,
         forbidden_tokens=(0, 2, 3),  # never generate PAD, BOS or MASK
         score_temperature=s.get("score_temperature", 0.0) or None,  # 0 = score the sampling distribution
-        sc_temperature=s.get("sc_temperature", 0.0) or None,  # 0 = feed back the sampling distribution (§1.7)
+        sc_temperature=s.get("sc_temperature", 0.0)
+        or None,  # 0 = feed back the sampling distribution (docs/reference.md §1.6)
         constraint=make_constraint(str(s.get("constraint", "") or "")),
         views=make_views(str(s.get("views", "") or "")),
     )

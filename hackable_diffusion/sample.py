@@ -1,11 +1,11 @@
 """Sampling entry point: loads the checkpoint and tokenizer that training saved and prints completions.
 
-  python -m hackable_diffusion.sample --workdir runs/quickstart --prompt "ROMEO:" [--sampler.num_steps=16]
-      [--sampler.selection=threshold --sampler.selection_kwargs={"tau":0.9}] [--show_canvas]
+  python -m hackable_diffusion.sample --workdir runs/quickstart --prompt "ROMEO:" [--config.sampler.num_steps=16]
+      [--config.sampler.selection=threshold '--config.sampler.selection_kwargs={"tau": 0.9}'] [--show_canvas]
 
-`--sampler.*` overrides any field of the run's sampler section (saved in workdir/config.json): the selection rule
-and its arguments, temperature, early stopping, step budget, canvas length, max_new_tokens. `--show_canvas` redraws
-the canvas in the terminal after every denoising step.
+`--config.<path>=value` overrides any key of the run's saved config (workdir/config.json), in practice its sampler
+section: the selection rule and its arguments, temperature, early stopping, step budget, canvas length,
+max_new_tokens. `--show_canvas` redraws the canvas in the terminal after every denoising step.
 """
 
 from __future__ import annotations
@@ -14,23 +14,20 @@ import sys
 import time
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from hackable_diffusion import cli
 
 FLAGS = flags.FLAGS
 
 
-def define_flags():
+def define_flags(argv: list[str]):
+    cli.define_workdir_config_flag(argv)
     flags.DEFINE_string("workdir", None, "A training workdir (config.json, tokenizer/, checkpoints/).")
     flags.DEFINE_multi_string("prompt", None, "Prompt text; repeat the flag for a batch.")
     flags.DEFINE_integer("seed", 0, "Sampling seed (row i uses fold_in(seed, i)).")
     flags.DEFINE_bool("show_canvas", False, "Redraw the canvas in the terminal at every denoising step.")
     flags.DEFINE_float("show_delay_s", 0.15, "Pause between redrawn steps with --show_canvas.")
     flags.DEFINE_integer("max_new_tokens", 0, "Override the sampler's max_new_tokens (0 = keep).")
-
-
-_SAMPLER = None  # defined in __main__ once the workdir's sampler section is known
 
 
 def show_trajectory(exp, result, prompt: str, delay_s: float) -> None:
@@ -57,9 +54,13 @@ def main(argv):
     from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID
     from hackable_diffusion.sampling import generate as gen_lib
 
+    if FLAGS.workdir is None:
+        raise app.UsageError("--workdir is required (a directory written by python -m hackable_diffusion.train).")
+    if FLAGS.max_new_tokens < 0:
+        raise app.UsageError(f"--max_new_tokens={FLAGS.max_new_tokens} must be >= 0 (0 = the sampler's own).")
     cli.quiet_library_logs()
-    config = cli.load_saved_config(FLAGS.workdir)
-    config.sampler = _SAMPLER.value
+    cli.load_saved_config(FLAGS.workdir)  # a clear error when the workdir holds no run
+    config = FLAGS.config
     exp = exp_lib.build(config, FLAGS.workdir)
     params, step = exp_lib.load_params(exp, FLAGS.workdir)
     prompts = FLAGS.prompt or [config.sampler.prompt]
@@ -94,29 +95,5 @@ def main(argv):
         print(f"{prompt}{text}\n")
 
 
-def _define_sampler_flag(argv):
-    global _SAMPLER
-    workdir = None
-    for i, arg in enumerate(argv):
-        if arg.startswith("--workdir="):
-            workdir = arg.split("=", 1)[1]
-        elif arg == "--workdir" and i + 1 < len(argv):
-            workdir = argv[i + 1]
-    if workdir is None:
-        print(
-            "error: --workdir is required (a directory written by python -m hackable_diffusion.train).", file=sys.stderr
-        )
-        sys.exit(2)
-    try:
-        sampler = cli.load_saved_config(workdir).sampler
-        cli.check_overrides(sampler, argv, flag="sampler")
-    except (FileNotFoundError, cli.ConfigKeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    _SAMPLER = config_flags.DEFINE_config_dict("sampler", sampler, "Sampler overrides (--sampler.KEY=VALUE).")
-
-
 if __name__ == "__main__":
-    define_flags()
-    _define_sampler_flag(sys.argv)
-    app.run(main)
+    cli.run_command(define_flags, main, __doc__)

@@ -2,7 +2,7 @@
 
   python -m hackable_diffusion.sft --config configs/sft_shakespeare_lora.py --workdir runs/sft_lora
 
-Follows DiffusionGemma's SFT recipe (`shared/design/diffusiongemma.md` §2; HDA `sft_model.py`, configs
+Follows DiffusionGemma's SFT recipe (docs/reference.md §3; HDA `sft_model.py`, configs
 `sft_sudoku` / `sft_sudoku_full`): start from pretrained weights, chunk each response into canvases
 (`data.canvas.CanvasChunker`), train `diffusion.objectives.CanvasSFTObjective` (canvas cross-entropy + encoder AR loss,
 self-conditioning) with LoRA (`models.lora`, only the adapters trained) or fully, and write the fused weights.
@@ -39,7 +39,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -580,38 +579,29 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
 # Command line.
 
 
-def _quiet_library_logs() -> None:
-    """orbax/grain/jax log every checkpoint step at INFO through absl; keep warnings and our own prints."""
-    import logging
+def define_flags(argv: list[str]):
+    from absl import flags
 
-    from absl import logging as absl_logging
-
-    absl_logging.set_verbosity(absl_logging.WARNING)
-    for name in ("orbax", "jax", "grain", "absl"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    cli.define_config_file_flag(argv, "SFT config file (configs/sft_*.py); override keys with --config.a.b=value.")
+    flags.DEFINE_string("workdir", None, "Run directory: checkpoints, fused_params, metrics, tokenizer.")
+    flags.DEFINE_bool("sample_at_end", True, "Print a sample from the fine-tuned model at the end.")
 
 
 def main(argv):
-    from absl import app
+    from absl import app, flags
 
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    if _WORKDIR.value is None:
+    del argv
+    FLAGS = flags.FLAGS
+    if FLAGS.config is None:
+        raise app.UsageError("--config is required: an SFT config file such as configs/sft_shakespeare_lora.py.")
+    if FLAGS.workdir is None:
         raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
-    _quiet_library_logs()
-    config = _CONFIG.value
+    cli.quiet_library_logs()
+    config = FLAGS.config
     if jax.process_index() == 0:
         print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
-    run_sft(config, _WORKDIR.value, sample_at_end=_SAMPLES.value)
+    run_sft(config, FLAGS.workdir, sample_at_end=FLAGS.sample_at_end)
 
 
 if __name__ == "__main__":
-    from absl import app, flags
-    from ml_collections import config_flags
-
-    _CONFIG = config_flags.DEFINE_config_file("config", None, "SFT config file (configs/sft_*.py).")
-    _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, fused_params, metrics, tokenizer.")
-    _SAMPLES = flags.DEFINE_bool("sample_at_end", True, "Print a sample from the fine-tuned model at the end.")
-    cli.precheck_argv(sys.argv)
-    flags.mark_flags_as_required(["config"])
-    app.run(main)
+    cli.run_command(define_flags, main, __doc__)

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from hackable_diffusion import cli
 
 FLAGS = flags.FLAGS
 
 
-def define_flags():
+def define_flags(argv: list[str]):
     """Flags of the command (defined only when run as a program, so the module imports cleanly elsewhere)."""
-    config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).")
+    cli.define_config_file_flag(argv, "Experiment config file (configs/*.py); override keys with --config.a.b=value.")
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics.jsonl, tensorboard/, tokenizer.")
     flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host).")
     flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
@@ -167,8 +165,9 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    del argv
+    if FLAGS.config is None:
+        raise app.UsageError("--config is required: a config file such as configs/quickstart.py.")
     if FLAGS.workdir is None:
         raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
     from hackable_diffusion.training.distributed import maybe_initialize_distributed
@@ -182,7 +181,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    cli.precheck_argv(sys.argv)
-    define_flags()
-    flags.mark_flags_as_required(["config"])
-    app.run(main)
+    cli.run_command(define_flags, main, __doc__)

@@ -2,6 +2,9 @@
 
 import functools
 import json
+import pathlib
+import re
+import tempfile
 
 import grain
 import numpy as np
@@ -13,10 +16,56 @@ from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, MASK_ID, PAD_ID
 SHAKESPEARE_CHARS = 1_115_394
 
 
+def real_ptb_dir() -> pathlib.Path | None:
+    """The folder holding ptb/ when $HD_DATA_DIR has the Penn Treebank (it does not ship with the package)."""
+    try:
+        return text.data_file("ptb/ptb.train.txt").parents[1]
+    except FileNotFoundError:
+        return None
+
+
+requires_real_ptb = pytest.mark.skipif(
+    real_ptb_dir() is None,
+    reason="the Penn Treebank does not ship with the package: set HD_DATA_DIR (hackable_diffusion/data/files/"
+    "PROVENANCE.md)",
+)
+
+
+@functools.lru_cache(maxsize=None)
+def ptb_data_dir() -> pathlib.Path:
+    """The real PTB when available, else a corpus in PTB's format (one lower-case sentence a line with a leading and
+    a trailing space, rare words as <unk>, numbers as N) written from tiny Shakespeare, so that the PTB code paths
+    are tested on every machine."""
+    real = real_ptb_dir()
+    if real is not None:
+        return real
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="ptb_format_"))
+    sentences = [re.findall(r"[a-z']+|[0-9]+", line.lower()) for line in text.load_shakespeare("train").split("\n")]
+    sentences = [words for words in sentences if words]
+    counts: dict[str, int] = {}
+    for words in sentences:
+        for word in words:
+            counts[word] = counts.get(word, 0) + 1
+
+    def line(words):
+        words = ["N" if w.isdigit() else (w if counts[w] > 2 else "<unk>") for w in words]
+        return " " + " ".join(words) + " "
+
+    (folder / "ptb").mkdir()
+    splits = {"train": sentences[:6000], "valid": sentences[6000:6600], "test": sentences[6600:7200]}
+    for split, rows in splits.items():
+        (folder / "ptb" / f"ptb.{split}.txt").write_text("".join(line(words) + "\n" for words in rows))
+    return folder
+
+
+def ptb_lines(split: str) -> list[str]:
+    return text.load_ptb(split, ptb_data_dir())
+
+
 @functools.lru_cache(maxsize=None)
 def ptb_spm() -> tokenizers.SentencePieceTokenizer:
     """BPE, vocab 1000, trained on the PTB training split (0.3 s)."""
-    return tokenizers.SentencePieceTokenizer.train(text.load_ptb("train"), vocab_size=1000, model_type="bpe")
+    return tokenizers.SentencePieceTokenizer.train(ptb_lines("train"), vocab_size=1000, model_type="bpe")
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,7 +119,7 @@ def test_spm_special_pieces_and_ptb_round_trip():
     assert tok.vocab_size == 1000
     pieces = [tok.id_to_piece(i) for i in range(5)]
     assert pieces == ["<pad>", "</s>", "<s>", "<mask>", "<spm_unk>"]
-    validation = text.load_ptb("valid")
+    validation = ptb_lines("valid")
     encoded = tok.encode_batch(validation)
     mismatches = [line for line, ids in zip(validation, encoded) if tok.decode(ids) != line]
     assert mismatches == []  # exact, including PTB's leading and trailing spaces and the "<unk>" words
@@ -88,7 +137,7 @@ def test_spm_special_pieces_and_ptb_round_trip():
 
 
 def test_spm_deterministic_byte_fallback_and_unigram():
-    lines = text.load_ptb("train")[:2000]
+    lines = ptb_lines("train")[:2000]
     first = tokenizers.SentencePieceTokenizer.train(lines, vocab_size=300, model_type="bpe")
     second = tokenizers.SentencePieceTokenizer.train(lines, vocab_size=300, model_type="bpe")
     assert first.model_proto == second.model_proto
@@ -104,7 +153,7 @@ def test_spm_deterministic_byte_fallback_and_unigram():
 
 
 def test_save_load_identical(tmp_path):
-    sample = text.load_ptb("valid")[:50]
+    sample = ptb_lines("valid")[:50]
     for name, tok in (("char", shakespeare_char()), ("spm", ptb_spm())):
         directory = tok.save(tmp_path / name, metadata={"note": name})
         config = json.loads((directory / "tokenizer.json").read_text())
@@ -123,24 +172,72 @@ def test_save_load_identical(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_find_data_dir(monkeypatch, tmp_path):
-    assert (text.find_data_dir() / "tinyshakespeare.txt").is_file()
+def test_data_file_lookup_order(monkeypatch, tmp_path):
+    """Shipped files first, then $HD_DATA_DIR; an explicit data_dir alone; a missing file says where to get it."""
+    monkeypatch.delenv("HD_DATA_DIR", raising=False)
+    shipped = text.data_file("tinyshakespeare.txt")
+    assert shipped == text.PACKAGED_DATA_DIR / "tinyshakespeare.txt" and shipped.is_file()
+    (tmp_path / "ptb").mkdir()
+    (tmp_path / "ptb" / "ptb.valid.txt").write_text(" a b \n")
+    (tmp_path / "tinyshakespeare.txt").write_text("not the shipped file")
     monkeypatch.setenv("HD_DATA_DIR", str(tmp_path))
-    assert text.find_data_dir() == tmp_path
-    monkeypatch.setenv("HD_DATA_DIR", str(tmp_path / "nope"))
-    with pytest.raises(FileNotFoundError, match="HD_DATA_DIR"):
-        text.find_data_dir()
+    assert text.data_file("tinyshakespeare.txt") == shipped
+    assert text.load_ptb("valid") == [" a b "]
+    assert text.data_file("tinyshakespeare.txt", data_dir=tmp_path) == tmp_path / "tinyshakespeare.txt"
+    with pytest.raises(FileNotFoundError, match="data_dir"):
+        text.data_file("ptb/ptb.train.txt", data_dir=tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="HD_DATA_DIR.*sha256"):
+        text.load_ptb("train")  # not in tmp_path: the error tells where to get the Penn Treebank
+    monkeypatch.delenv("HD_DATA_DIR")
+    with pytest.raises(FileNotFoundError, match="does not ship"):
+        text.load_ptb("valid")
+
+
+def test_shipped_data_files_match_their_provenance():
+    import hashlib
+
+    provenance = (text.PACKAGED_DATA_DIR / "PROVENANCE.md").read_text()
+    for name in ("tinyshakespeare.txt", "kaggle3m_curated_5000.csv"):
+        data = (text.PACKAGED_DATA_DIR / name).read_bytes()
+        assert f"`{hashlib.sha256(data).hexdigest()}`" in provenance, name
+        assert f"{len(data):,}" in provenance, name
+
+
+def test_quickstart_data_loads_from_a_copy_of_the_package_alone(tmp_path):
+    """A fresh clone has no data folder beside it: the quickstart's corpus comes from the package itself."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import hackable_diffusion
+
+    package = pathlib.Path(hackable_diffusion.__file__).parent
+    shutil.copytree(package, tmp_path / "copy" / "hackable_diffusion", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(package.parent / "configs", tmp_path / "copy" / "configs")
+    env = {k: v for k, v in os.environ.items() if k != "HD_DATA_DIR"}
+    env["PYTHONPATH"] = str(tmp_path / "copy")
+    code = (
+        "import hackable_diffusion, pathlib; from hackable_diffusion import cli, experiment; "
+        "assert pathlib.Path(hackable_diffusion.__file__).is_relative_to(pathlib.Path.cwd()); "
+        "c = cli.load_config_file('configs/quickstart.py'); d = experiment.build_text_data(c, 'run'); "
+        "print(d.train_sequences.shape, d.eval_num_chars)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "copy", env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "111540" in out.stdout
 
 
 def test_shakespeare_split_is_90_10_by_characters():
     train, validation = text.load_shakespeare("train"), text.load_shakespeare("validation")
     assert len(train) == int(0.9 * SHAKESPEARE_CHARS) == 1_003_854
     assert len(train) + len(validation) == SHAKESPEARE_CHARS
-    assert (text.find_data_dir() / "tinyshakespeare.txt").read_text() == train + validation
+    assert text.data_file("tinyshakespeare.txt").read_text() == train + validation
     with pytest.raises(ValueError, match="split"):
         text.load_shakespeare("valid")
 
 
+@requires_real_ptb
 def test_ptb_lines_and_word_counts():
     expected = {"train": (42068, 929_589), "valid": (3370, 73_760), "test": (3761, 82_430)}
     for split, (num_lines, num_words) in expected.items():
@@ -289,22 +386,24 @@ def test_build_text_data_shakespeare_char(tmp_path):
     np.testing.assert_array_equal(again.train_sequences, data.train_sequences)
     assert again.tokenizer == data.tokenizer
     with pytest.raises(ValueError, match="new workdir"):
-        text.build_text_data("ptb", "char", None, 256, tmp_path)
+        text.build_text_data("ptb", "char", None, 256, tmp_path, data_dir=ptb_data_dir())
 
 
 def test_build_text_data_ptb_spm(tmp_path):
-    data = text.build_text_data("ptb", "spm", 1000, 64, tmp_path)
+    data = text.build_text_data("ptb", "spm", 1000, 64, tmp_path, data_dir=ptb_data_dir())
+    valid = ptb_lines("valid")
     assert data.tokenizer.vocab_size == 1000
-    assert data.eval_num_words == 73_760
+    assert data.eval_num_words == text.ptb_word_count(valid)
+    if real_ptb_dir() is not None:
+        assert data.eval_num_words == 73_760
     eval_stream = data.eval_sequences.reshape(-1)
     assert data.eval_num_tokens == int((eval_stream != PAD_ID).sum())
-    assert int((eval_stream == EOS_ID).sum()) == 3370  # one EOS per sentence
+    assert int((eval_stream == EOS_ID).sum()) == len(valid)  # one EOS per sentence
     assert data.train_sequences.shape[1] == 64 and data.train_sequences.dtype == np.int32
-    reloaded = text.build_text_data("ptb", "spm", 1000, 64, tmp_path)
+    reloaded = text.build_text_data("ptb", "spm", 1000, 64, tmp_path, data_dir=ptb_data_dir())
     assert reloaded.tokenizer.model_proto == data.tokenizer.model_proto
     np.testing.assert_array_equal(reloaded.eval_sequences, data.eval_sequences)
-    first_line = text.load_ptb("valid")[0]
-    assert data.tokenizer.decode(eval_stream) == first_line
+    assert data.tokenizer.decode(eval_stream) == valid[0]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from _tiny_configs import tiny_text_config
 
 
 def test_masking_and_autoregressive_runs_train_sample_and_score(tmp_path, capsys):
-    from hackable_diffusion import evaluate, train
+    from hackable_diffusion import cli, evaluate, train
 
     for process in ("masking", "none"):
         config = tiny_text_config(process, steps=2, moe=False)  # dense: MoE runs in test_entry_points.py
@@ -27,7 +27,7 @@ def test_masking_and_autoregressive_runs_train_sample_and_score(tmp_path, capsys
         num_samples=2,
         max_new_tokens=16,
         scorer_workdir=str(tmp_path / "none"),
-        sampler=["num_steps=3"],
+        config=cli.override(cli.load_saved_config(str(tmp_path / "masking")), {"sampler.num_steps": 3}),
     )
     assert scored["sampler"]["num_steps"] == 3 and scored["mean_steps_per_canvas"] <= 3
     assert 0 < scored["gen_tokens"] <= 32 and scored["gen_ppl"] > 1 and len(scored["samples"]) == 2
@@ -36,5 +36,5 @@ def test_masking_and_autoregressive_runs_train_sample_and_score(tmp_path, capsys
         evaluate.likelihood(
             str(tmp_path / "none"), num_batches=1, num_samples=1, scorer_workdir=str(tmp_path / "masking")
         )
-    with pytest.raises(ValueError, match="KEY=VALUE"):
-        evaluate.likelihood(str(tmp_path / "masking"), num_batches=1, sampler=["num_steps"])
+    with pytest.raises(cli.ConfigKeyError, match="sampler.num_steps"):
+        cli.override(cli.load_saved_config(str(tmp_path / "masking")), {"sampler.num_step": 3})

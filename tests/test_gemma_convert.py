@@ -162,7 +162,7 @@ def test_rules_are_data(cfg):
 
 
 def test_full_size_shapes_match_the_reference():
-    """diffusiongemma.md §3 shapes for the 26B-A4B config (abstract, nothing allocated)."""
+    """docs/reference.md §1 shapes for the 26B-A4B config (abstract, nothing allocated)."""
     shape = presets.diffusiongemma_26b_a4b()
     shape["self_conditioning"] = True
     shapes = {p: tuple(s.shape) for p, s in gc.gemma_shapes(TransformerConfig.from_dict(shape)).items()}
@@ -182,7 +182,7 @@ def test_full_size_shapes_match_the_reference():
     # 20 leaves per layer (k_einsum replaces kv_einsum on global layers).
     assert len([p for p in shapes if p.startswith("layer_")]) == 30 * 20
     total = sum(int(np.prod(s)) for s in shapes.values())
-    assert 25.0e9 < total < 25.5e9  # ≈ 25.2B (§3) plus 17.8M for self-conditioning
+    assert 25.0e9 < total < 25.5e9  # ≈ 25.2B (docs/reference.md §1) plus 17.8M for self-conditioning
 
 
 def test_converted_gemma_tree_is_an_sft_start(cfg, gemma_tree, tmp_path):

@@ -560,6 +560,26 @@ def test_masking_canvas_ends_unmasked_with_a_short_budget(model_and_params, pref
     assert not (np.asarray(result.canvas) == MASK_ID).any()
 
 
+def test_uniform_canvas_last_step_takes_every_candidate(model_and_params, prefix_cache):
+    """The reference re-noises every position its rule does not accept, on the budget's last step too; here the last
+    step leaves no fresh noise token. With a rule that accepts one position per step and a near-greedy temperature, a
+    one-step budget returns the model's argmax at every position (up to near-ties), not one argmax and noise."""
+    model, params = model_and_params
+    sampler = uniform_sampler(
+        selection=S.EntropyBound(gamma=0.0),
+        temperature=TEMP.ConstantTemperature(1e-4),
+        early_stopping=E.NoEarlyStop(),
+        num_steps=1,
+        self_conditioning=False,
+    )
+    init = sampler.initial_canvas(jax.random.key(11), 2)
+    result = denoise_canvas(model, params, prefix_cache, init, jax.random.key(12), sampler=sampler)
+    null = T.model_method(model, params, "null_sc_signal", init.shape, kind=sampler.null_signal)
+    logits = np.asarray(canvas_logits(model, params, prefix_cache, init, null), np.float32)
+    chosen = np.take_along_axis(logits, np.asarray(result.canvas)[..., None], axis=-1)[..., 0]
+    np.testing.assert_array_less(logits.max(axis=-1) - 0.05, chosen)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Block-autoregressive generation.
 # ---------------------------------------------------------------------------------------------------------------------

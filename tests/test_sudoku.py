@@ -3,21 +3,19 @@
 import itertools
 import json
 import math
-import pathlib
 
 import numpy as np
 import pytest
 
 from hackable_diffusion.data import sudoku
+from hackable_diffusion.data.text import data_file
 from hackable_diffusion.evals import sudoku_metrics
 
-KAGGLE = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sudoku" / "kaggle3m_curated_5000.csv"
+KAGGLE = data_file("kaggle3m_curated_5000.csv")  # ships with the package
 
 
 @pytest.fixture(scope="module")
 def kaggle():
-    if not KAGGLE.exists():
-        pytest.skip(f"shared data file missing: {KAGGLE}")
     return sudoku.read_sudoku_csv(KAGGLE, limit=20)
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hackable_diffusion import experiment, recipes
+from hackable_diffusion import cli, experiment, recipes
 from hackable_diffusion.data import sudoku as sudoku_lib
 from hackable_diffusion.data.tokenizers import MASK_ID
 from hackable_diffusion.diffusion import losses
@@ -157,7 +157,8 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
     np.testing.assert_array_equal(alone.predictions, solved.predictions[:2])  # batch-independent
 
     # The CLI function on generated held-out puzzles and on a CSV file with a level column.
-    metrics = evaluate.sudoku(workdir, "generated:30-36:5:7", sampler=["num_steps=3"])
+    saved = cli.load_saved_config(workdir)
+    metrics = evaluate.sudoku(workdir, "generated:30-36:5:7", config=cli.override(saved, {"sampler.num_steps": 3}))
     for key in (
         "accuracy",
         "cell_accuracy",
@@ -190,17 +191,24 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
     assert "accuracy_level_easy" in by_level
 
     assert metrics["dropped_as_in_training"] == 0 and by_level["dropped_as_in_training"] == 0
-    raw = evaluate.sudoku(workdir, "generated:30-36:5:7", sampler=["num_steps=3", "restarts=1"], weights="raw")
+    raw = evaluate.sudoku(
+        workdir,
+        "generated:30-36:5:7",
+        config=cli.override(saved, {"sampler.num_steps": 3, "sampler.restarts": 1}),
+        weights="raw",
+    )
     assert raw["weights"] == "raw" and raw["sampler"]["restarts"] == 1
     assert raw["accuracy"] >= metrics["accuracy"]  # a restart only replaces a grid that breaks a rule
     with pytest.raises(ValueError, match="weights"):
         evaluate.sudoku(workdir, "generated:30-36:5:7", weights="average")
     # The same weights with the layer stack applied twice per pass (test-time depth of a looped run): same passes.
-    looped = evaluate.sudoku(workdir, "generated:30-36:5:7", sampler=["num_steps=3"], depth_loops=2)
+    looped = evaluate.sudoku(
+        workdir, "generated:30-36:5:7", config=cli.override(saved, {"sampler.num_steps": 3, "model.depth_loops": 2})
+    )
     assert (looped["depth_loops"], looped["trained_depth_loops"], metrics["depth_loops"]) == (2, 1, 1)
     assert looped["max_forward_passes_per_puzzle"] <= 3 and looped["givens_kept"]
     with pytest.raises(ValueError, match="depth_loops"):
-        evaluate.sudoku(workdir, "generated:30-36:5:7", depth_loops=-1)
+        evaluate.sudoku(workdir, "generated:30-36:5:7", config=cli.override(saved, {"model.depth_loops": 0}))
 
     # The sampler table script: a table of two settings, then one more merged into it.
     import runpy

@@ -1,4 +1,4 @@
-"""The exact DiffusionGemma / Gemma-4 26B-A4B shape (shared/design/diffusiongemma.md §3)."""
+"""The exact DiffusionGemma / Gemma-4 26B-A4B shape (docs/reference.md §1)."""
 
 import ml_collections
 

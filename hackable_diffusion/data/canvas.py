@@ -1,7 +1,7 @@
 """SFT example layout for block diffusion: a BOS-prefixed prompt and a response cut into fixed-size canvases.
 
 Follows DiffusionGemma's ``CanvasChunker`` (google-deepmind/gemma HDA ``data/data.py``; see
-design/diffusiongemma.md §2 "Data layout"): the response is truncated to ``N*C`` tokens, the last non-empty canvas
+docs/reference.md §3.1): the response is truncated to ``N*C`` tokens, the last non-empty canvas
 is filled with EOS to its end, later canvases are PAD, ``canvas_id = repeat(arange(N), C)`` and ``canvas_mask``
 is True on every token of a non-empty canvas (EOS fill included). The prompt is BOS followed by the prompt ids,
 right-padded to ``prompt_len``.

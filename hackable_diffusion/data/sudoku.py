@@ -3,8 +3,9 @@
 Follows the DiffusionGemma Sudoku task (google-deepmind/gemma HDA `data/sudoku/*`, `eval/sudoku_eval.py`): grids
 are 81 cells in row-major order, 0 is a blank and 1..9 are digits; difficulty buckets are by the number of givens.
 The reference trains on Kaggle `rohanrao/sudoku`; here training puzzles are generated locally (Kim et al. 2025 and
-Ye et al. 2024 both stress that the puzzle source decides how hard the task is, see anchors.md §2.4), and the
-shared Kaggle 3M sample (`../shared/data/sudoku/kaggle3m_curated_5000.csv`) is read for evaluation.
+Ye et al. 2024 both stress that the puzzle source decides how hard the task is), and
+a 5,000-puzzle sample of the Kaggle 3M set (`hackable_diffusion/data/files/kaggle3m_curated_5000.csv`, CC0, shipped
+with the package) is read for evaluation.
 
 Deliberate differences from the usual recipes:
 - Full grids come from a randomised depth-first search from the empty grid (a random digit order per cell), not

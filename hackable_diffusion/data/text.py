@@ -50,38 +50,44 @@ TOKENIZER_KINDS = ("char", "spm")
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def find_data_dir() -> pathlib.Path:
-    """The shared data folder: ``$HD_DATA_DIR``, else ``<cwd>/../shared/data``, else ``<repo>/../shared/data``."""
+PACKAGED_DATA_DIR = pathlib.Path(__file__).resolve().parent / "files"
+WHERE_TO_GET = {
+    "ptb": (
+        "the Penn Treebank (LDC-derived, research use) does not ship with the package: put Mikolov's ptb.train.txt, "
+        "ptb.valid.txt and ptb.test.txt (the 'simple-examples' archive, data/ptb.*.txt) in a folder ptb/ and set "
+        f"{DATA_DIR_ENV} to the folder that holds ptb/ (hackable_diffusion/data/files/PROVENANCE.md has their sha256)"
+    ),
+}
+
+
+def data_file(relative: str, data_dir: str | os.PathLike | None = None) -> pathlib.Path:
+    """The path of a data file, looked up in order: ``data_dir`` when given; the files that ship with the package
+    (``hackable_diffusion/data/files``: tiny Shakespeare, the Kaggle Sudoku sample); ``$HD_DATA_DIR``. A file found
+    nowhere raises FileNotFoundError saying where to get it."""
+    if data_dir is not None:
+        path = pathlib.Path(data_dir).expanduser() / relative
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist (config.data.data_dir={str(data_dir)!r}).")
+        return path
+    packaged = PACKAGED_DATA_DIR / relative
+    if packaged.is_file():
+        return packaged
+    tried = [str(packaged)]
     env = os.environ.get(DATA_DIR_ENV)
     if env:
-        path = pathlib.Path(env).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(f"{DATA_DIR_ENV}={env!r} is not a directory; point it at the shared data folder.")
-        return path
-    repo_root = pathlib.Path(__file__).resolve().parents[2]
-    candidates = [pathlib.Path.cwd() / ".." / "shared" / "data", repo_root / ".." / "shared" / "data"]
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate.resolve()
-    raise FileNotFoundError(
-        f"shared data folder not found (tried {[str(c) for c in candidates]}); set the environment variable "
-        f"{DATA_DIR_ENV} to the folder holding {SHAKESPEARE_FILE} and ptb/."
-    )
-
-
-def _data_file(relative: str, data_dir: str | os.PathLike | None) -> pathlib.Path:
-    path = pathlib.Path(data_dir) if data_dir is not None else find_data_dir()
-    path = path / relative
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; set {DATA_DIR_ENV} to the shared data folder.")
-    return path
+        path = pathlib.Path(env).expanduser() / relative
+        if path.is_file():
+            return path
+        tried.append(str(path))
+    hint = WHERE_TO_GET.get(pathlib.PurePath(relative).parts[0], f"set {DATA_DIR_ENV} to a folder holding {relative}")
+    raise FileNotFoundError(f"data file {relative!r} not found (tried {tried}); {hint}.")
 
 
 def load_shakespeare(split: str, data_dir: str | os.PathLike | None = None) -> str:
     """Tiny Shakespeare: ``"train"`` = first 90% of the characters, ``"validation"`` = the last 10%."""
     if split not in SHAKESPEARE_SPLITS:
         raise ValueError(f"Shakespeare split must be one of {SHAKESPEARE_SPLITS}, got {split!r}.")
-    text = _data_file(SHAKESPEARE_FILE, data_dir).read_text(encoding="utf-8")
+    text = data_file(SHAKESPEARE_FILE, data_dir).read_text(encoding="utf-8")
     boundary = int(len(text) * SHAKESPEARE_TRAIN_FRACTION)
     return text[:boundary] if split == "train" else text[boundary:]
 
@@ -90,7 +96,7 @@ def load_ptb(split: str, data_dir: str | os.PathLike | None = None) -> list[str]
     """Penn Treebank lines of ``split`` in {"train", "valid", "test"}, trailing newline stripped (one sentence each)."""
     if split not in PTB_SPLITS:
         raise ValueError(f"PTB split must be one of {PTB_SPLITS}, got {split!r}.")
-    text = _data_file(f"ptb/ptb.{split}.txt", data_dir).read_text(encoding="utf-8")
+    text = data_file(f"ptb/ptb.{split}.txt", data_dir).read_text(encoding="utf-8")
     return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
 
 

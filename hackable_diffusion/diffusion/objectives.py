@@ -9,10 +9,10 @@ Three objectives over the same backbone:
     DiffusionGemma's structure): a causal "encoder" pass over the clean sequence fills a KV cache (and gives an AR
     loss); a "decoder" pass runs every noisy canvas at once, canvas k attending bidirectionally to itself and to the
     cached clean canvases < k. The cache is exact: the same KV the block sampler builds by committing canvases.
-* `CanvasSFTObjective` — prompt -> response SFT as DiffusionGemma does it (`diffusiongemma.md` §2): the encoder
+* `CanvasSFTObjective` — prompt -> response SFT as DiffusionGemma does it (docs/reference.md §3): the encoder
   pass over [prompt; clean canvases] gives the KV cache and the AR loss; one canvas s per example is drawn, corrupted
   and denoised against the prompt and the clean canvases < s. Deliberate fix of the reference's multi-canvas bug
-  (§6.8): only the selected noisy canvas is run, with its own positions, and nothing is written over the cache, so
+  (docs/reference.md §5): only the selected noisy canvas is run, with its own positions, and nothing is written over the cache, so
   the noisy canvas can neither overwrite prompt slots nor see a noisy copy of an earlier canvas.
 * `AutoregressiveObjective` — next-token cross-entropy, the baseline on the same backbone.
 
@@ -25,7 +25,7 @@ positions pooled over the batch (MaskGIT-style), which weighs heavily masked exa
 `token_reweight=(alpha, gamma)` multiplies each position's CE by alpha (1 - p)^gamma, p the probability of the right
 token (Ye et al. 2024's MGDM token reweighting, `losses.token_reweight_factor`).
 
-Self-conditioning (`self_condition_prob` > 0, model built with `self_conditioning=True`, §1.7): a first decoder
+Self-conditioning (`self_condition_prob` > 0, model built with `self_conditioning=True`, docs/reference.md §1.6): a first decoder
 pass with the null signal, then a second pass whose signal is the first pass's (stop-gradient, raw) logits with
 probability `self_condition_prob` per example and the null signal otherwise; the loss uses the second pass.
 The network never receives t, as in DiffusionGemma.

@@ -1,6 +1,6 @@
 """Gemma-4 attention (local sliding-window and global layers) with an explicit, functional KV cache.
 
-Follows `shared/design/diffusiongemma.md` §3 and §1.9: grouped-query attention; qk-norm with scale, V-norm
+Follows docs/reference.md §1.2 and §2.8: grouped-query attention; qk-norm with scale, V-norm
 without scale; no 1/sqrt(d) query scaling (configurable); global layers with their own head dim / kv heads and an
 optional single K=V projection (RoPE on K only, V is the scale-free-normed raw projection); half-split partial RoPE
 with per-layer-type base and proportion; local layers see a key iff |pos_q - pos_k| < window, computed on token
@@ -15,8 +15,8 @@ parts is one softmax over their concatenated logits, so nothing is copied into t
 
 Deliberate differences from the reference: the canvas reads the cache without a functional copy being written
 (same result, less memory traffic); padded slots are excluded through `valid` in every mode (the reference's
-sliding/append masks ignore padding, §6.7); the cache is never written past its end (callers check, the
-sampler raises before a canvas would not fit, instead of wrapping, §6.9). Not in the reference: for grid puzzles
+sliding/append masks ignore padding, docs/reference.md §5); the cache is never written past its end (callers check, the
+sampler raises before a canvas would not fit, instead of wrapping, §5 there). Not in the reference: for grid puzzles
 (`cfg.grid_attention_bias`), a learned per-head logit bias for query/key cells in the same row, column or box, a
 relational prior in the spirit of the Sudoku graph that recurrent relational networks (Palm et al. 2018) pass
 messages on; keys in the cache get it from their stored positions.

@@ -1,6 +1,6 @@
 """Model shape configuration for the Gemma-4-style mixture-of-experts transformer.
 
-Follows the Gemma-4 26B-A4B text transformer as described in `shared/design/diffusiongemma.md` §3
+Follows the Gemma-4 26B-A4B text transformer as described in docs/reference.md §1
 (google-deepmind/gemma `gm/nn/gemma4`). Every architectural choice of the reference is a field here, so a
 config file can switch it off (e.g. `scale_queries=True` for the usual 1/sqrt(d) attention, `moe=None` for a
 dense model). Validation happens at construction: an impossible shape raises a `ValueError` naming the field.

@@ -2,7 +2,7 @@
 
 Follows the parameter tree of google-deepmind/gemma `gm/nn/gemma4` (`_transformer.py`, `_modules.py`, `_moe.py`,
 `_layers.py`) and `gemma/diffusion/_transformer.py` (the `self_conditioner`), as described in
-`shared/design/diffusiongemma.md` §2 "Checkpoints" and §3. The names below were checked against the public source
+docs/reference.md §1 and §3.4. The names below were checked against the public source
 (module attribute names and `self.param` names); no code of theirs is used.
 
 The two trees

@@ -1,6 +1,6 @@
 """Basic layers of the Gemma-4-style backbone: RMSNorm, embedder, gated-GELU FFN, rotary embeddings.
 
-Follows `shared/design/diffusiongemma.md` §3:
+Follows docs/reference.md §1:
 - RMSNorm is `x * rsqrt(mean(x^2) + eps) * scale` with `scale` initialised to 1 and used directly (Gemma 2/3 use
   `1 + scale`); a scale-free variant is used for values, the router input and self-conditioning.
 - The embedder scales looked-up rows by sqrt(d) and is tied to the output head.
@@ -9,7 +9,7 @@ Follows `shared/design/diffusiongemma.md` §3:
 - RoPE is a half-split rotation over pairs (j, j + H/2); only the first `int(proportion * H / 2)` pairs rotate,
   with frequencies `base^(-2j/H)` (H the full head dim), the others are identity (Gemma-4 partial rotary).
 All matmuls take operands in the compute dtype and accumulate in float32 (`preferred_element_type`), which keeps
-bf16 compute accurate and fast on CPU (see jax-notes §9).
+bf16 compute accurate and fast on CPU (XLA:CPU's bf16 matmuls are fast only with float32 accumulation).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Follows Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models" (A random, B zero, so training starts
 exactly at the base model; update scaled by alpha / r), and, for which weights are adapted, the DiffusionGemma
-reference adapter (`HDA/hd/lora.py`, `shared/design/diffusiongemma.md` §2 "LoRA"): every linear map of the backbone —
+reference adapter (`HDA/hd/lora.py`, docs/reference.md §3.4): every linear map of the backbone —
 attention `q_einsum`, `kv_einsum`, `k_einsum`, `attn_vec_einsum`, the dense FFN `mlp2`, the MoE router
 `router_logits` and `self_conditioner/ffw` — and never the embedding, norms or scales.
 

@@ -3,7 +3,7 @@
 References
 ----------
 - Router and experts: the Gemma-4 26B-A4B ``MoERagged`` layer as described in the DiffusionGemma spec
-  (design/diffusiongemma.md §3): router input ``RMSNorm_noscale(h) * D**-0.5 * router_scale``, an fp32 softmax
+  (docs/reference.md §1.4): router input ``RMSNorm_noscale(h) * D**-0.5 * router_scale``, an fp32 softmax
   over ``router_logits``, top-k with the chosen probabilities renormalised to sum 1, experts
   ``gelu_tanh(x Wg) * (x Wu) @ Wdown`` whose outputs are multiplied by ``per_expert_scale[e]``. The parameter
   names and shapes (``gating_einsum (E,2,H,D)``, ``linear (E,H,D)``, ...) mirror the gemma library's tree.

@@ -1,6 +1,6 @@
 """Model shapes: the exact DiffusionGemma 26B-A4B shape and smaller shapes derived from it.
 
-The 26B-A4B numbers are those of `shared/design/diffusiongemma.md` §3. Smaller shapes start from the same
+The 26B-A4B numbers are those of docs/reference.md §1. Smaller shapes start from the same
 dictionary and override sizes only, so every architectural switch (qk-norm, K=V globals, partial RoPE, softcap,
 skip_scale, dense FFN beside the MoE) is the same code path at every size.
 """
@@ -39,9 +39,20 @@ def diffusiongemma_26b_a4b() -> dict[str, Any]:
         rope_local_proportion=1.0,
         rope_global_base=1_000_000.0,
         rope_global_proportion=0.25,
+        qk_norm=True,
+        v_norm=True,
+        scale_queries=False,
         final_logit_softcap=30.0,
+        norm_eps=1e-6,
         param_dtype="bfloat16",
         compute_dtype="bfloat16",
+        # not Gemma-4 architecture, spelled out so that every TransformerConfig field can be set by flag
+        remat="none",
+        self_conditioning=False,
+        grid_embeddings=0,
+        grid_attention_bias=0.0,
+        scan_unroll=1,
+        depth_loops=1,
     )
 
 
@@ -57,7 +68,7 @@ def derived(**overrides: Any) -> dict[str, Any]:
 # For shapes trained from scratch with capacity dropping (`small`, `mini`): the Switch Transformer load-balance loss
 # (1e-2 per layer; Fedus et al. 2021) and the ST-MoE router z-loss (1e-3; Zoph et al. 2022). The reference has neither.
 # Without them the router of the mini Shakespeare AR run collapsed: 43% of its token assignments were dropped at
-# capacity factor 1.25 at step 800 (6% at step 100 with them, 38% without; session 15, `moe_dropped_fraction`).
+# capacity factor 1.25 at step 800 (6% at step 100 with them, 38% without; `moe_dropped_fraction`, results/text/README.md).
 FROM_SCRATCH_AUX_LOSSES = dict(load_balance_weight=1e-2, router_z_weight=1e-3)
 
 

@@ -1,4 +1,4 @@
-"""DiffusionGemma's self-conditioning of the canvas embeddings (`shared/design/diffusiongemma.md` §1.7).
+"""DiffusionGemma's self-conditioning of the canvas embeddings (docs/reference.md §1.6).
 
 The previous step's prediction is fed back as its expected embedding `signal = sqrt(d) * softmax(logits) @ E`
 (`Transformer.encode_probs`), and the canvas input embeddings become

@@ -1,6 +1,6 @@
 """The Gemma-4-style transformer: layer blocks, a scan over the repeating layer pattern, and its run modes.
 
-Follows `shared/design/diffusiongemma.md` §3 (google-deepmind/gemma `gm/nn/gemma4`). A block is
+Follows docs/reference.md §1 (google-deepmind/gemma `gm/nn/gemma4`). A block is
 
     h   = x + post_attention_norm(attn(pre_attention_norm(x)))
     d   = post_ffw2_norm(mlp2(pre_ffw2_norm(h)))                       # dense gated-GELU FFN
@@ -14,8 +14,8 @@ again with the same weights (looped, universal-transformer depth, Dehghani et al
 refused for passes that write a KV cache).
 
 Why flax.linen rather than NNX: linen modules are frozen dataclasses with `__call__` and are functional by
-construction (params in, arrays out), with scan, remat and logical partitioning built in; jax-notes §2 measured
-the same step overhead as NNX used functionally. Parameters are a plain nested dict whose names follow the gemma
+construction (params in, arrays out), with scan, remat and logical partitioning built in, and a jitted linen step costs the
+same as NNX used functionally (split once, jit a pure function; `nnx.jit` per call adds Python overhead). Parameters are a plain nested dict whose names follow the gemma
 library, which keeps checkpoints and the Gemma-4 converter simple.
 
 Run modes (pure functions at the bottom of this file), all over the same weights:

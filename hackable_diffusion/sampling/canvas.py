@@ -1,7 +1,7 @@
 """Denoising one canvas against a prefix KV cache: a pure, jit-compiled `lax.while_loop`.
 
-Reference: DiffusionGemma `sample_next_canvas` (google-deepmind/gemma `gemma/diffusion/_sampler.py`; design/
-diffusiongemma.md §1.4-1.8). Step i of S runs at noise level t_i = 1 - i/S:
+Reference: DiffusionGemma `sample_next_canvas` (google-deepmind/gemma `gemma/diffusion/_sampler.py`;
+docs/reference.md §2.4-2.7). Step i of S runs at noise level t_i = 1 - i/S:
 
     logits  = decode_block(canvas, cache, sc_signal)          # decoder mode: reads the cache, never writes it
     shaped  = logits / T(t_i)                                 # float32
@@ -26,7 +26,7 @@ Differences from the reference, on purpose:
     process the mask token is always forbidden (MDLM's SUBS parameterisation).
   * With a masking process and a rule that never re-masks, a row also stops once nothing is masked (nothing left to do).
   * Canvas positions count each row's real tokens (the hackable_diffusion adapter's bookkeeping), not cache slots, so
-    batches of prompts of different lengths are exact (§6.7).
+    batches of prompts of different lengths are exact (docs/reference.md §5).
   * Every random draw comes from the row's own key, folded with the step index, so a row samples the same tokens
     alone or inside any batch.
   * No trajectory is kept unless `return_trajectory=True`.
@@ -62,7 +62,7 @@ from hackable_diffusion.sampling.views import PermutationViews
 
 @dataclasses.dataclass(frozen=True)
 class DiffusionSampler:
-    """Everything that defines how a canvas is denoised; defaults are DiffusionGemma's (§1.1) except the process.
+    """Everything that defines how a canvas is denoised; defaults are DiffusionGemma's (docs/reference.md §2.1) except the process.
 
     self_conditioning: None = use it iff the model has a self-conditioner; True = require it; False = feed the null
       signal at every step (a model without a self-conditioner gets plain token embeddings).
@@ -72,7 +72,7 @@ class DiffusionSampler:
       A near-zero sampling temperature saturates every confidence at 1 and every entropy at 0, so the ranking then
       degenerates to ties broken by position (left to right); scoring at 1.0 keeps the model's ranking.
     sc_temperature: None = the self-conditioning signal fed to the next step is the expected embedding under the
-      temperature-shaped logits (DiffusionGemma §1.7); a float = under `biased logits / sc_temperature` instead (the
+      temperature-shaped logits (docs/reference.md §1.6); a float = under `biased logits / sc_temperature` instead (the
       logit bias and any constraint applied; 1.0 = the model's own probabilities, which is what training feeds back:
       the first pass's raw logits). Only matters for a model with a self-conditioner; a near-zero sampling temperature
       (Sudoku draws at 0.1) otherwise feeds back near one-hot beliefs the model never saw in training.

@@ -1,6 +1,6 @@
 """Early stopping of a canvas, decided per batch row after every denoising step.
 
-Reference: DiffusionGemma `_early_stopping.py` (design/diffusiongemma.md §1.8, §6.6). A rule sees the step's
+Reference: DiffusionGemma `_early_stopping.py` (docs/reference.md §2.7). A rule sees the step's
 temperature-*shaped* logits, the step's input canvas, the canvas it produced and the free (not fixed) positions, and
 returns one boolean per row. The canvas loop keeps the sample of the step that triggers the stop and never changes a
 finished row afterwards.

@@ -1,7 +1,7 @@
 """Block-autoregressive diffusion generation with an exact KV cache, and the autoregressive baseline decoder.
 
-Reference: DiffusionGemma's `DiffusionSampler._sample_step` and `SamplerLoop` (google-deepmind/gemma; design/
-diffusiongemma.md §1.2-1.3, §6.1-6.2, §6.9):
+Reference: DiffusionGemma's `DiffusionSampler._sample_step` and `SamplerLoop` (google-deepmind/gemma;
+docs/reference.md §2.2-2.3 and §5):
 
     prefill the prompt causally                     -> the first canvas starts at slot end_index = prompt width
     repeat: denoise a canvas in decoder mode         (canvas.py; the cache is read, never written)
@@ -18,7 +18,7 @@ Differences from the reference, on purpose:
     that would not fit. The default cache holds the prompt plus every canvas needed for `max_new_tokens`.
   * Batches of right-padded prompts of different lengths are exact: pads are invalid cache slots, never attended, and
     positions count real tokens (the hackable_diffusion adapter's bookkeeping; the reference's gemma path exposes pad
-    KV and leaves RoPE gaps, §6.7). Every random draw comes from the row's own key, so the same prompt and row key
+    KV and leaves RoPE gaps, docs/reference.md §5). Every random draw comes from the row's own key, so the same prompt and row key
     give the same tokens alone or inside any batch.
   * An empty prompt (a row with no real token) is rejected: start every prompt with BOS.
   * Fixed positions over the generated region (`fixed`, `fixed_tokens`: infilling, a forced suffix, Sudoku givens)

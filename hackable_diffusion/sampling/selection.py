@@ -13,7 +13,7 @@ What the canvas loop (`canvas.py`) does with them depends on the noise process:
     and stay committed; the others stay MASK (except ReMDM's `remask`).
   * uniform process (DiffusionGemma): there is no persistent commit. Undecided = every free position, the accepted
     ones take their candidate, and every other free position gets a fresh uniform random token, each step. This is
-    the reference behaviour (`SampleFromPredictions`, design/diffusiongemma.md §1.6): a token accepted at one step
+    the reference behaviour (`SampleFromPredictions`, docs/reference.md §2.6): a token accepted at one step
     may be re-randomised at the next.
 
 Fixed positions (prompt givens, Sudoku clues, an infill context) are never undecided and never remasked.

@@ -1,9 +1,9 @@
 """Temperature shapers: the temperature T(t) by which a denoising step divides the logits at noise level t.
 
-Reference: DiffusionGemma's `AnnealingTemperatureShaper` (design/diffusiongemma.md §1.5),
+Reference: DiffusionGemma's `AnnealingTemperatureShaper` (docs/reference.md §2.5),
 T(t) = min + (max - min) (1 - (1 - t)^exponent) with min 0.4, max 0.8, exponent 1, evaluated at the step's *current*
 noise level t_i = 1 - i/S. With S = 48 steps the temperature goes from 0.8 at step 0 to 0.4083 at step 47 (0.4 itself
-is never reached). The shaped logits feed three things (§6.4): the candidate sample, the selection rule's scores and
+is never reached). The shaped logits feed three things (docs/reference.md §2.5): the candidate sample, the selection rule's scores and
 the self-conditioning signal.
 
 Differences: the reference keeps shaped logits in the logits dtype (bf16); the canvas loop here shapes them in float32.

@@ -1,6 +1,6 @@
 """Orbax checkpoints of the train state together with the grain data-iterator state.
 
-Follows the orbax `CheckpointManager` + `Composite` recipe (jax-notes §7): item "state" is the TrainState pytree
+Follows the orbax `CheckpointManager` + `Composite` recipe: item "state" is the TrainState pytree
 (`StandardSave`/`StandardRestore`, restored directly onto the shardings of an abstract state) and item "data" is the
 grain iterator (`grain.checkpoint.CheckpointSave/CheckpointRestore`, one JSON file per process).
 

@@ -7,8 +7,7 @@ Follows the JAX multi-process guide (https://docs.jax.dev/en/latest/multi_proces
 Deliberate differences: settings come from arguments or, failing that, from the environment variables
 JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID; nothing configured means a single-process run (no
 call at all), and a partial configuration is a ValueError rather than a hang. `initialization_timeout` defaults to
-60 s instead of JAX's 300 s, because a missing peer makes the others abort (SIGABRT) only after that timeout
-(jax-notes §4).
+60 s instead of JAX's 300 s, because a missing peer makes the others abort (SIGABRT) only after that timeout.
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class ProgressLogger:
 
 def measure_peak_matmul_flops(n: int = 2048, dtype: Any = jnp.float32, *, repeats: int = 5) -> float:
     """FLOP/s of a jitted (n x n) @ (n x n) matmul on the default device: median of `repeats` timed runs after a
-    warm-up. bf16 inputs accumulate in f32 (`preferred_element_type`), the fast path on CPUs (jax-notes §9)."""
+    warm-up. bf16 inputs accumulate in f32 (`preferred_element_type`), the fast path on CPUs (XLA:CPU bf16 matmuls with bf16 output are several times slower)."""
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
     matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))

@@ -10,7 +10,7 @@ Deliberate differences:
   * The model supplies `logical_axes_fn(path, shape)` instead of annotating variables, and it must cover every
     parameter: an unknown parameter is a ValueError naming its path.
   * Meshes use `AxisType.Auto` on every axis (`jax.make_mesh` defaults to Explicit, which makes ordinary code raise
-    `ShardingTypeError`; see jax-notes §3).
+    `ShardingTypeError`).
   * Optimizer-state leaves take the sharding of the parameter whose path they end with and whose shape they share
     (Adam's mu/nu); leaves of any other shape (counts, Adafactor's factored moments) are replicated.
 """

@@ -55,6 +55,16 @@ def define_config_file_flag(argv: Sequence[str], help_text: str):
     return config_flags.DEFINE_config_file("config", None, help_text)
 
 
+def resolve_workdir(workdir: str | None) -> str | None:
+    """A run directory for `--workdir`: the directory itself, or for `hf:DIR` (a Hugging Face checkpoint) the run
+    directory that stands for it (`experiment.hf_run_dir`)."""
+    if workdir is None or not workdir.startswith("hf:"):
+        return workdir
+    from hackable_diffusion import experiment
+
+    return str(experiment.hf_run_dir(workdir[len("hf:") :]))
+
+
 def define_workdir_config_flag(argv: Sequence[str]):
     """`--config.<path>=value` overrides of the run's saved config (sample, evaluate). Without a `--workdir` holding a
     config.json (`--help`, a dry parse) the base config stands in, so the overrides can still be checked."""
@@ -62,7 +72,7 @@ def define_workdir_config_flag(argv: Sequence[str]):
 
     from hackable_diffusion import recipes
 
-    workdir = flag_value(argv, "workdir")
+    workdir = resolve_workdir(flag_value(argv, "workdir"))
     has_config = workdir is not None and (pathlib.Path(workdir) / "config.json").is_file()
     config = load_saved_config(workdir) if has_config else recipes.base_config()
     check_overrides(config, argv)

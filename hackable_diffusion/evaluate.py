@@ -34,7 +34,7 @@ FLAGS = flags.FLAGS
 
 def define_flags(argv: list[str]):
     cli.define_workdir_config_flag(argv)
-    flags.DEFINE_string("workdir", None, "A training workdir.")
+    flags.DEFINE_string("workdir", None, "A training workdir, or hf:DIR for a Hugging Face checkpoint directory.")
     flags.DEFINE_enum("task", "likelihood", ["likelihood", "sudoku"], "What to evaluate.")
     flags.DEFINE_string("data", None, "sudoku: a CSV file or generated:LO-HI:N:SEED.")
     flags.DEFINE_integer("limit", 0, "sudoku: first N puzzles only (0 = all).")
@@ -267,10 +267,11 @@ def main(argv):
     cli.quiet_library_logs()
     if FLAGS.task == "sudoku" and not FLAGS.data:
         raise app.UsageError("--task sudoku needs --data FILE.csv or --data generated:LO-HI:N:SEED.")
-    cli.load_saved_config(FLAGS.workdir)  # a clear error when the workdir holds no run
+    workdir = cli.resolve_workdir(FLAGS.workdir)  # hf:DIR -> the run directory that stands for the checkpoint
+    cli.load_saved_config(workdir)  # a clear error when the workdir holds no run
     if FLAGS.task == "sudoku":
         result = sudoku(
-            FLAGS.workdir,
+            workdir,
             FLAGS.data,
             limit=FLAGS.limit,
             batch_size=FLAGS.batch_size,
@@ -280,7 +281,7 @@ def main(argv):
         )
     else:
         result = likelihood(
-            FLAGS.workdir,
+            workdir,
             num_batches=FLAGS.num_batches,
             batch_size=FLAGS.batch_size,
             repeats=FLAGS.repeats,

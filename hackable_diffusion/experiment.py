@@ -325,8 +325,11 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
         data = build_sudoku_data(config)
     else:
         data = build_text_data(config, workdir)
-    model = build_model(config, data.tokenizer.vocab_size)
-    process = build_process(config, data.tokenizer.vocab_size)
+    vocab_size = data.tokenizer.vocab_size
+    if config.get("init", {}).get("kind") == "hf":  # a pretrained checkpoint keeps its own (maybe padded) vocabulary
+        vocab_size = max(int(config.model.vocab_size), vocab_size)
+    model = build_model(config, vocab_size)
+    process = build_process(config, vocab_size)
     objective = build_objective(config, model, process)
     if config.data.task == "sudoku" and sudoku_format(config) == "canvas":
         objective = SudokuCanvasObjective(objective)
@@ -546,6 +549,10 @@ def load_params(exp: Experiment, workdir: str, *, use_ema: bool = True, step: in
     from hackable_diffusion.training.train_state import TrainState
 
     config = exp.config
+    if config.get("init", {}).get("kind") == "hf":  # a run made from a Hugging Face checkpoint: its weights
+        from hackable_diffusion.models import hf_convert
+
+        return hf_convert.load_hf(config.init.checkpoint, dtype=exp.model.cfg.param_dtype).params, 0
     optimizer = optimizers.make_optimizer(optimizer_config(config))
     with_ema = config.train.ema_decay > 0
 
@@ -571,6 +578,65 @@ def load_params(exp: Experiment, workdir: str, *, use_ema: bool = True, step: in
         ckpt.close()
     params = state.ema_params if (use_ema and state.ema_params is not None) else state.params
     return params, int(step)
+
+
+HF_PREFIX = "hf:"  # --workdir hf:DIR: a Hugging Face checkpoint directory used as a run
+
+
+def hf_experiment_config(path: str) -> ml_collections.ConfigDict:
+    """The toolbox config of a run made from a Hugging Face checkpoint: its model shape, and the sampler its
+    generation_config.json describes (DiffusionGemma: uniform noise over the whole vocabulary as transformers draws it,
+    entropy bound, linear temperature, stable-and-confident stopping, its canvas length); a Gemma-4 causal LM is an
+    autoregressive run. Data: tiny Shakespeare through the checkpoint's own tokenizer."""
+    import dataclasses as dc
+
+    from hackable_diffusion import recipes
+    from hackable_diffusion.models import hf_convert
+
+    hf = hf_convert.read_config(path)
+    cfg, info = hf_convert.config_from_hf(hf)
+    model = dc.asdict(cfg)
+    diffusion = info.model_type == hf_convert.DIFFUSION_GEMMA
+    canvas = int(info.canvas_length or 256)
+    config = recipes.text_config(
+        "shakespeare", "uniform" if diffusion else "none", canvas_len=canvas, seq_len=canvas * 2
+    )
+    config.model = ml_collections.ConfigDict(model)
+    config.data.tokenizer = "pretrained"
+    config.diffusion.excluded_ids = ()  # transformers draws noise over every token id
+    config.init = ml_collections.ConfigDict(dict(kind="hf", checkpoint=str(pathlib.Path(path).resolve())))
+    generation_file = pathlib.Path(path) / hf_convert.GENERATION_CONFIG_FILE
+    generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+    s = config.sampler
+    s.num_steps = int(generation.get("max_denoising_steps") or 48)
+    bound = (generation.get("sampler_config") or {}).get("entropy_bound", 0.1)
+    s.selection, s.selection_kwargs = "entropy_bound", json.dumps({"gamma": float(bound)})
+    s.min_temperature = float(generation.get("t_min") or 0.4)
+    s.max_temperature = float(generation.get("t_max") or 0.8)
+    s.early_stopping = "transformers"
+    s.canvas_len, s.max_new_tokens, s.prompt = canvas, canvas, ""
+    return config
+
+
+def hf_run_dir(path: str) -> pathlib.Path:
+    """A run directory standing for a Hugging Face checkpoint (config.json + the checkpoint's tokenizer), kept under
+    `$HACKABLE_DIFFUSION_CACHE/hf_runs/` so that the checkpoint directory itself is never written to. The weights
+    stay in the checkpoint: `load_params` reads them from there."""
+    import hashlib
+    import os
+
+    from hackable_diffusion import cli
+    from hackable_diffusion.data.tokenizers import PretrainedTokenizer
+
+    source = pathlib.Path(path).resolve()
+    cache = pathlib.Path(
+        os.environ.get("HACKABLE_DIFFUSION_CACHE", pathlib.Path.home() / ".cache" / "hackable_diffusion")
+    )
+    run = cache / "hf_runs" / (source.name + "-" + hashlib.sha256(str(source).encode()).hexdigest()[:12])
+    if not (run / "tokenizer").is_dir():
+        PretrainedTokenizer.from_directory(source).save(run / "tokenizer", metadata={"kind": "pretrained"})
+    cli.save_config(hf_experiment_config(str(source)), run / "config.json")
+    return run
 
 
 def from_workdir(workdir: str) -> Experiment:

@@ -22,7 +22,11 @@ FLAGS = flags.FLAGS
 
 def define_flags(argv: list[str]):
     cli.define_workdir_config_flag(argv)
-    flags.DEFINE_string("workdir", None, "A training workdir (config.json, tokenizer/, checkpoints/).")
+    flags.DEFINE_string(
+        "workdir",
+        None,
+        "A training workdir (config.json, tokenizer/, checkpoints/), or hf:DIR for a Hugging Face checkpoint.",
+    )
     flags.DEFINE_multi_string("prompt", None, "Prompt text; repeat the flag for a batch.")
     flags.DEFINE_integer("seed", 0, "Sampling seed (row i uses fold_in(seed, i)).")
     flags.DEFINE_bool("show_canvas", False, "Redraw the canvas in the terminal at every denoising step.")
@@ -59,10 +63,11 @@ def main(argv):
     if FLAGS.max_new_tokens < 0:
         raise app.UsageError(f"--max_new_tokens={FLAGS.max_new_tokens} must be >= 0 (0 = the sampler's own).")
     cli.quiet_library_logs()
-    cli.load_saved_config(FLAGS.workdir)  # a clear error when the workdir holds no run
+    workdir = cli.resolve_workdir(FLAGS.workdir)  # hf:DIR -> the run directory that stands for the checkpoint
+    cli.load_saved_config(workdir)  # a clear error when the workdir holds no run
     config = FLAGS.config
-    exp = exp_lib.build(config, FLAGS.workdir)
-    params, step = exp_lib.load_params(exp, FLAGS.workdir)
+    exp = exp_lib.build(config, workdir)
+    params, step = exp_lib.load_params(exp, workdir)
     prompts = FLAGS.prompt or [config.sampler.prompt]
     max_new = FLAGS.max_new_tokens or config.sampler.max_new_tokens
     start = time.perf_counter()

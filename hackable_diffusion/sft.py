@@ -14,12 +14,16 @@ Pieces, each usable alone:
   are used when present. kind "params": `init.checkpoint` is a params directory written by `save_params` (e.g. the
   `fused_params` of an earlier SFT run; its parent's `config.json` and `tokenizer/` are used the same way).
   kind "gemma": `init.checkpoint` is a gemma-layout orbax directory
-  (`models.gemma_convert.load_gemma_checkpoint`), shaped by `config.model`. kind "scratch": random init (smoke tests).
+  (`models.gemma_convert.load_gemma_checkpoint`), shaped by `config.model`. kind "hf": `init.checkpoint` is a Hugging
+  Face DiffusionGemma / Gemma-4 directory (`models.hf_convert.load_hf`: its config.json gives the model shape, its
+  tokenizer the tokenizer). kind "scratch": random init (smoke tests). `--init_from hf:DIR` (or gemma:, toolbox:,
+  params:) on the command line sets both keys.
 - `shakespeare_pairs` / `build_examples` / `make_example_iterator`: the self-contained demo task, tiny Shakespeare
   "prompt = `sft.prompt_lines` lines, response = the next `sft.response_lines` lines", as a grain pipeline whose state
   is checkpointed with the run.
 - `run_sft(config, workdir)`: trains through `training.loop.train` and writes `workdir/fused_params` (toolbox layout,
-  orbax), `workdir/lora_params` (adapters only, LoRA runs), optionally `workdir/gemma_params` (gemma layout), plus
+  orbax), `workdir/lora_params` (adapters only, LoRA runs), optionally `workdir/gemma_params` (gemma layout) and
+  `workdir/hf` (a Hugging Face directory, LoRA merged, `output.save_hf`), plus
   `config.json` and `tokenizer/` so the workdir can be sampled like a pretraining run.
 
 Deliberate choices (differences from the reference):
@@ -59,8 +63,9 @@ from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 
 PyTree = Any
-INIT_KINDS = ("toolbox", "params", "gemma", "scratch")
-FUSED_DIR, LORA_DIR, GEMMA_DIR = "fused_params", "lora_params", "gemma_params"
+INIT_KINDS = ("toolbox", "params", "gemma", "hf", "scratch")
+FUSED_DIR, LORA_DIR, GEMMA_DIR, HF_DIR = "fused_params", "lora_params", "gemma_params", "hf"
+ROUTER_LEAVES = ("moe/router_logits", "moe/router_scale", "moe/per_expert_scale")
 #: diffusion fields taken from the source run's config.json (init.inherit_diffusion): fine-tune with the process and
 #: loss recipe the model was trained with; `objective` and `canvas_len` stay this config's.
 INHERITED_DIFFUSION = (
@@ -101,11 +106,14 @@ def sft_config(
     c.model.self_conditioning = True
     c.init = ml_collections.ConfigDict(
         dict(
-            kind=init_kind,  # "toolbox" | "params" | "gemma" | "scratch"
-            checkpoint=checkpoint,  # toolbox workdir (or its checkpoints/) | params dir (fused_params) | gemma orbax dir
+            kind=init_kind,  # "toolbox" | "params" | "gemma" | "hf" | "scratch"
+            checkpoint=checkpoint,  # toolbox workdir (or checkpoints/) | params dir | gemma orbax dir | Hugging Face dir
             use_ema=True,  # toolbox: take ema_params when the run kept an EMA
             inherit_diffusion=True,  # toolbox/params: take the noise process and loss recipe of the source run
             tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus
+            ignore_unexpected=False,  # gemma/hf: skip checkpoint tensors the model has no place for (e.g. other towers)
+            decoder_window="per_token",  # hf: "cache_tail" reproduces transformers' decoder (TransformerConfig)
+            dtype="",  # hf: parameter dtype ("" = the checkpoint's, e.g. bfloat16)
         )
     )
     c.lora = ml_collections.ConfigDict(
@@ -114,6 +122,7 @@ def sft_config(
             alpha=lora_alpha if lora_alpha is not None else float(max(lora_rank, 1)),
             targets=lora_lib.DEFAULT_TARGETS,  # or ("all-linear",)
             include_experts=False,
+            freeze_router=False,  # True: the router (projection, scales) stays as pretrained, LoRA or full
         )
     )
     c.sft = ml_collections.ConfigDict(
@@ -161,7 +170,7 @@ def sft_config(
     )
     c.eval.num_batches = 4
     c.eval.batch_size = batch_size
-    c.output = ml_collections.ConfigDict(dict(save_fused=True, save_lora=True, save_gemma=False))
+    c.output = ml_collections.ConfigDict(dict(save_fused=True, save_lora=True, save_gemma=False, save_hf=False))
     c.sampler.canvas_len = canvas_len
     c.sampler.max_new_tokens = num_canvases * canvas_len
     c.sampler.prompt = "ROMEO:\n"
@@ -275,20 +284,57 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
             where = f"toolbox:{source}@{step}"
         gemma_convert.check_toolbox_params(params, cfg, f"The params of {where}")
         return Base(T.Transformer(cfg), tokenizer, params, where, source_config)
+    if init.kind == "hf":
+        return _load_hf_base(config)
     tokenizer = _corpus_tokenizer(config)
     # A gemma tree fixes the vocabulary (config.model.vocab_size); a scratch model takes the tokenizer's.
     vocab = (config.model.get("vocab_size") or tokenizer.vocab_size) if init.kind == "gemma" else tokenizer.vocab_size
     cfg = _model_config(config.model.to_dict(), vocab)
+    if init.kind == "gemma":
+        cfg = cfg.dropless()  # pretrained weights: capacity dropping would change their outputs
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size={cfg.vocab_size}.")
     model = T.Transformer(cfg)
     if init.kind == "gemma":
         if not init.checkpoint:
             raise ValueError("config.init.kind='gemma' needs config.init.checkpoint (a gemma-layout orbax directory).")
-        params = gemma_convert.load_gemma_checkpoint(init.checkpoint, cfg, dtype=cfg.param_dtype)
+        params = gemma_convert.load_gemma_checkpoint(
+            init.checkpoint, cfg, dtype=cfg.param_dtype, ignore_unexpected=bool(init.get("ignore_unexpected", False))
+        )
         return Base(model, tokenizer, params, f"gemma:{init.checkpoint}")
     params = jax.device_get(T.init_params(model, jax.random.key(config.seed)))
     return Base(model, tokenizer, params, "scratch")
+
+
+def _load_hf_base(config: ml_collections.ConfigDict) -> Base:
+    """A Hugging Face DiffusionGemma / Gemma-4 directory: its config, weights and tokenizer."""
+    from hackable_diffusion.models import hf_convert
+
+    init = config.init
+    if not init.checkpoint:
+        raise ValueError("config.init.kind='hf' needs config.init.checkpoint (a Hugging Face checkpoint directory).")
+    checkpoint = hf_convert.load_hf(
+        init.checkpoint,
+        dtype=init.get("dtype") or None,
+        decoder_window=init.get("decoder_window", "per_token"),
+        ignore_unexpected=bool(init.get("ignore_unexpected", False)),
+    )
+    try:
+        tokenizer = tok_lib.PretrainedTokenizer.from_directory(init.checkpoint)
+    except FileNotFoundError:
+        tokenizer = _corpus_tokenizer(config)
+    if tokenizer.vocab_size > checkpoint.config.vocab_size:
+        raise ValueError(
+            f"The tokenizer has {tokenizer.vocab_size} ids but the checkpoint's vocabulary is "
+            f"{checkpoint.config.vocab_size}."
+        )
+    return Base(T.Transformer(checkpoint.config), tokenizer, checkpoint.params, f"hf:{init.checkpoint}")
+
+
+def router_frozen_mask(params: PyTree) -> PyTree:
+    """Full fine-tuning with `lora.freeze_router`: every leaf trained except the router's."""
+    flat = gemma_convert.flatten_tree(params)
+    return gemma_convert.unflatten_tree({p: not any(p.endswith(r) for r in ROUTER_LEAVES) for p in flat})
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -415,6 +461,10 @@ def make_adapter(config: ml_collections.ConfigDict) -> lora_lib.LoRA | None:
     targets = tuple(lc.targets)
     if targets == (lora_lib.ALL_LINEAR,):
         targets = lora_lib.ALL_LINEAR
+    if lc.get("freeze_router", False):
+        if targets == lora_lib.ALL_LINEAR:
+            targets = lora_lib.DEFAULT_TARGETS
+        targets = tuple(t for t in targets if "router" not in t)
     return lora_lib.LoRA(
         rank=int(lc.rank),
         alpha=float(lc.alpha) if lc.alpha else None,
@@ -481,6 +531,8 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
     if adapter is None:
         init_fn = lambda key: jax.tree.map(jnp.asarray, base_params)
         loss_fn, mask, axes_fn = objective, None, partitioning.logical_axes
+        if config.lora.get("freeze_router", False):
+            mask = router_frozen_mask
     else:
         init_fn = lambda key: {
             lora_lib.BASE_KEY: jax.tree.map(jnp.asarray, base_params),
@@ -553,6 +605,18 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
         save_params(jax.device_get(params[lora_lib.LORA_KEY]), path / LORA_DIR)
     if out.save_gemma:
         gemma_convert.save_gemma_checkpoint(fused, cfg, path / GEMMA_DIR, force=True)
+    if out.get("save_hf", False) and jax.process_index() == 0:
+        from hackable_diffusion.models import hf_convert
+
+        hf_convert.save_hf(
+            path / HF_DIR,
+            cfg,
+            fused,
+            model_type=hf_convert.DIFFUSION_GEMMA if cfg.self_conditioning else hf_convert.GEMMA4_TEXT,
+            canvas_length=int(config.diffusion.canvas_len),
+            sampler=config.sampler.to_dict(),
+            source=config.init.checkpoint if config.init.kind == "hf" else None,
+        )
     if sample_at_end and jax.process_index() == 0:
         unused = tuple(range(tokenizer.vocab_size, cfg.vocab_size))  # ids the tokenizer cannot decode
         sampler = exp_lib.build_sampler(config, process, forbidden_tokens=(0, 2, 3) + unused)
@@ -583,6 +647,12 @@ def define_flags(argv: list[str]):
     from absl import flags
 
     cli.define_config_file_flag(argv, "SFT config file (configs/sft_*.py); override keys with --config.a.b=value.")
+    flags.DEFINE_string(
+        "init_from",
+        None,
+        "Where the base weights come from, as KIND:PATH with KIND hf (a Hugging Face directory), gemma, toolbox or "
+        "params; sets config.init.kind and config.init.checkpoint.",
+    )
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints, fused_params, metrics, tokenizer.")
     flags.DEFINE_bool("sample_at_end", True, "Print a sample from the fine-tuned model at the end.")
 
@@ -598,6 +668,13 @@ def main(argv):
         raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
     cli.quiet_library_logs()
     config = FLAGS.config
+    if FLAGS.init_from:
+        kind, _, checkpoint = FLAGS.init_from.partition(":")
+        if kind not in INIT_KINDS or kind == "scratch" or not checkpoint:
+            raise app.UsageError(
+                f"--init_from={FLAGS.init_from!r} must be KIND:PATH with KIND one of hf, gemma, toolbox, params."
+            )
+        config.init.kind, config.init.checkpoint = kind, checkpoint
     if jax.process_index() == 0:
         print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
     run_sft(config, FLAGS.workdir, sample_at_end=FLAGS.sample_at_end)

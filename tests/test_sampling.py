@@ -413,7 +413,7 @@ def test_unknown_names_raise():
 class StopWhenFirstTokenEven(E.EarlyStopping):
     """A test rule whose stopping step differs from row to row."""
 
-    def __call__(self, logits, previous, current, free):
+    def __call__(self, logits, previous, current, free, previous_argmax=None):
         return current[:, 0] % 2 == 0
 
 

@@ -42,7 +42,7 @@ SHAKESPEARE_TRAIN_FRACTION = 0.9
 SHAKESPEARE_SPLITS = ("train", "validation")
 PTB_SPLITS = ("train", "valid", "test")
 CORPORA = ("shakespeare", "ptb")
-TOKENIZER_KINDS = ("char", "spm")
+TOKENIZER_KINDS = ("char", "spm", "pretrained")  # pretrained: a checkpoint's own, saved in workdir/tokenizer
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -279,6 +279,11 @@ def _write_atomic(path: pathlib.Path, write) -> None:
 def _fit_tokenizer(
     corpus: str, kind: str, vocab_size: int | None, train_texts: Sequence[str], seed: int, model_type: str
 ) -> Tokenizer:
+    if kind == "pretrained":
+        raise ValueError(
+            "tokenizer kind 'pretrained' is a checkpoint's own tokenizer, saved in the run's tokenizer/ folder when "
+            "the run is made from the checkpoint (sample / evaluate --workdir hf:DIR); it is never fitted."
+        )
     if kind == "char":
         tokenizer = CharTokenizer.fit("\n".join(train_texts))
         if vocab_size is not None and vocab_size < tokenizer.vocab_size:
@@ -295,6 +300,8 @@ def _fit_tokenizer(
 def _load_or_fit_tokenizer(directory: pathlib.Path, metadata: dict[str, Any], fit) -> Tokenizer:
     if (directory / tok_lib.CONFIG_FILE).is_file():
         saved = tok_lib.load_tokenizer_config(directory).get("metadata", {})
+        if metadata.get("kind") == "pretrained" and saved.get("kind") == "pretrained":
+            return tok_lib.load_tokenizer(directory)  # a checkpoint's tokenizer serves every corpus
         if saved != metadata:
             raise ValueError(
                 f"{directory} holds a tokenizer made with {saved}, but {metadata} was requested; use a new workdir "

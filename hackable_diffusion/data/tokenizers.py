@@ -309,9 +309,88 @@ class SentencePieceTokenizer(Tokenizer):
         return cls((directory / config["model_file"]).read_bytes())
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# A pretrained checkpoint's own tokenizer (Hugging Face directories)
+# ----------------------------------------------------------------------------------------------------------------
+
+HF_SPM_FILE = "tokenizer.model"
+HF_JSON_FILE = "tokenizer.json"
+
+
+class PretrainedTokenizer(Tokenizer):
+    """The tokenizer a pretrained checkpoint ships: `tokenizer.model` through sentencepiece when present, otherwise
+    `tokenizer.json` through the `tokenizers` library (`pip install -e '.[hf]'`). Gemma's layout, PAD/EOS/BOS = 0/1/2,
+    is checked; id 3 is Gemma's `<unk>`, which this toolbox reads as its MASK id (unused by uniform-noise models such as
+    DiffusionGemma). Nothing is added to a text: the caller prepends BOS."""
+
+    kind: ClassVar[str] = "pretrained"
+
+    def __init__(self, model_file: str | os.PathLike):
+        self.model_file = pathlib.Path(model_file)
+        if self.model_file.suffix != ".json":  # a sentencepiece model (tokenizer.model)
+            self._spm = spm.SentencePieceProcessor(model_file=str(self.model_file))
+            specials = (self._spm.pad_id(), self._spm.eos_id(), self._spm.bos_id())
+            self._size = self._spm.get_piece_size()
+            self._json = None
+        else:
+            try:
+                import tokenizers
+            except ImportError:
+                raise ImportError(
+                    f"{self.model_file} needs the `tokenizers` library: pip install -e '.[hf]' (or tokenizers)."
+                ) from None
+            self._json = tokenizers.Tokenizer.from_file(str(self.model_file))
+            self._spm = None
+            self._size = self._json.get_vocab_size(with_added_tokens=True)
+            vocab = self._json.get_vocab(with_added_tokens=True)
+            specials = tuple(
+                next((vocab[n] for n in names if n in vocab), -1)
+                for names in (("<pad>", "[PAD]"), ("<eos>", "</s>"), ("<bos>", "<s>"))
+            )
+        if specials != (PAD_ID, EOS_ID, BOS_ID):
+            raise ValueError(
+                f"{self.model_file}: (pad, eos, bos) ids are {specials}, the toolbox needs {(PAD_ID, EOS_ID, BOS_ID)} "
+                "(Gemma's layout)."
+            )
+
+    @classmethod
+    def from_directory(cls, directory: str | os.PathLike) -> PretrainedTokenizer:
+        directory = pathlib.Path(directory)
+        for name in (HF_SPM_FILE, HF_JSON_FILE):
+            if (directory / name).is_file():
+                return cls(directory / name)
+        raise FileNotFoundError(f"{directory} holds neither {HF_SPM_FILE} nor {HF_JSON_FILE}.")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._size
+
+    def encode(self, text: str) -> list[int]:
+        if self._spm is not None:
+            return list(self._spm.encode(text))
+        return list(self._json.encode(text, add_special_tokens=False).ids)
+
+    def _decode_content(self, ids: list[int]) -> str:
+        return self._spm.decode(ids) if self._spm is not None else self._json.decode(ids, skip_special_tokens=False)
+
+    def _save_files(self, directory: pathlib.Path) -> dict[str, Any]:
+        import shutil
+
+        # the toolbox's own tokenizer.json (CONFIG_FILE) sits beside it, so a tokenizers file is saved renamed
+        name = HF_SPM_FILE if self.model_file.suffix != ".json" else "pretrained_tokenizer.json"
+        if self.model_file.resolve() != (directory / name).resolve():
+            shutil.copyfile(self.model_file, directory / name)
+        return {"model_file": name}
+
+    @classmethod
+    def _from_files(cls, directory: pathlib.Path, config: dict[str, Any]) -> PretrainedTokenizer:
+        return cls(directory / config["model_file"])
+
+
 _KINDS: dict[str, type[Tokenizer]] = {
     CharTokenizer.kind: CharTokenizer,
     SentencePieceTokenizer.kind: SentencePieceTokenizer,
+    PretrainedTokenizer.kind: PretrainedTokenizer,
 }
 
 

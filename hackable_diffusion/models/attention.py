@@ -149,7 +149,10 @@ class Attention(nn.Module):
         if cfg.scale_queries:
             q = q * jnp.asarray(head_dim**-0.5, dtype)
 
-        if not is_global:
+        # Decoder mode (a block reading the cache without writing it) with transformers' convention: local layers see
+        # the last (window - 1) cached tokens and the whole block, with no per-token window (docs/reference.md §6).
+        cache_tail = layer_cache is not None and write_index is None and cfg.decoder_window == "cache_tail"
+        if not is_global and not cache_tail:
             self_mask = self_mask & sliding_window_mask(positions, positions, cfg.sliding_window)
 
         b, l = x.shape[:2]
@@ -160,7 +163,10 @@ class Attention(nn.Module):
         if layer_cache is not None:
             if prefix_mask is None or cache_positions is None:
                 raise ValueError("Reading a KV cache needs prefix_mask and cache_positions.")
-            if not is_global:
+            if not is_global and cache_tail:
+                first = jnp.min(positions, axis=1)[:, None, None]  # the block's first position in each row
+                prefix_mask = prefix_mask & (cache_positions[:, None, :] >= first - (cfg.sliding_window - 1))
+            elif not is_global:
                 prefix_mask = prefix_mask & sliding_window_mask(positions, cache_positions, cfg.sliding_window)
             cache_k = layer_cache["k"].astype(dtype)
             logits.insert(0, jnp.einsum("blkgh,bskh->bkgls", q, cache_k, preferred_element_type=jnp.float32))

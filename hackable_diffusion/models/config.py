@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 LAYER_TYPES = ("local", "global")
 DISPATCHES = ("dense", "sorted", "ragged")
+DECODER_WINDOWS = ("per_token", "cache_tail")  # how local layers of a canvas see the cache (decoder_window)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -85,6 +86,10 @@ class TransformerConfig:
     moe: MoEConfig | None = None
     layer_pattern: tuple[str, ...] = ("local",) * 5 + ("global",)
     sliding_window: int = 1024  # local layers: a key is visible iff |pos_q - pos_k| < sliding_window
+    # Local layers in decoder mode (a canvas reading the cache, docs/reference.md §6): "per_token" (the gemma library,
+    # the training reference) applies the window above to cache and canvas alike; "cache_tail" (transformers'
+    # DiffusionGemma decoder) lets every canvas token see the last sliding_window - 1 cached tokens and the whole canvas.
+    decoder_window: str = "per_token"
     global_head_dim: int | None = None  # None: same as head_dim
     global_num_kv_heads: int | None = None  # None: same as num_kv_heads
     k_eq_v_global: bool = False  # global layers: one projection serves as K and (scale-free normed) V
@@ -139,6 +144,11 @@ class TransformerConfig:
             )
         if self.sliding_window < 1:
             raise ValueError(f"model.sliding_window must be >= 1, got {self.sliding_window}.")
+        if self.decoder_window not in DECODER_WINDOWS:
+            raise ValueError(
+                f"model.decoder_window={self.decoder_window!r} must be one of {DECODER_WINDOWS}: 'per_token' (the "
+                "gemma library) or 'cache_tail' (transformers' DiffusionGemma decoder)."
+            )
         if not self.layer_pattern or any(t not in LAYER_TYPES for t in self.layer_pattern):
             raise ValueError(f"model.layer_pattern={self.layer_pattern} must be a non-empty tuple of {LAYER_TYPES}.")
         if self.num_layers % len(self.layer_pattern):
@@ -199,3 +209,14 @@ class TransformerConfig:
 
     def replace(self, **changes) -> "TransformerConfig":
         return dataclasses.replace(self, **changes)
+
+    def dropless(self) -> "TransformerConfig":
+        """The same model with no expert assignment ever dropped: the sorted dispatch gets a slot for every assignment
+        (capacity factor E / k); dense and ragged never drop. For pretrained weights, whose outputs capacity dropping
+        would change."""
+        if self.moe is None or self.moe.dispatch != "sorted":
+            return self
+        moe = dataclasses.replace(
+            self.moe, capacity_factor=max(self.moe.capacity_factor, self.moe.num_experts / self.moe.top_k)
+        )
+        return dataclasses.replace(self, moe=moe)

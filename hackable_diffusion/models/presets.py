@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def diffusiongemma_26b_a4b() -> dict[str, Any]:
-    """Gemma-4 26B-A4B: 30 layers (5 local + 1 global), d 2816, 128 experts top-8."""
+def gemma4_26b_a4b() -> dict[str, Any]:
+    """The Gemma-4 26B-A4B backbone: 30 layers (5 local + 1 global), d 2816, 128 experts top-8."""
     return dict(
         vocab_size=262_144,
         embed_dim=2816,
@@ -32,6 +32,7 @@ def diffusiongemma_26b_a4b() -> dict[str, Any]:
         ),
         layer_pattern=("local",) * 5 + ("global",),
         sliding_window=1024,
+        decoder_window="per_token",
         global_head_dim=512,
         global_num_kv_heads=2,
         k_eq_v_global=True,
@@ -56,9 +57,15 @@ def diffusiongemma_26b_a4b() -> dict[str, Any]:
     )
 
 
+def diffusiongemma_26b_a4b() -> dict[str, Any]:
+    """DiffusionGemma 26B-A4B: the Gemma-4 backbone plus the self-conditioner on canvas embeddings (17.8M parameters),
+    as the released checkpoint holds it."""
+    return dict(gemma4_26b_a4b(), self_conditioning=True)
+
+
 def derived(**overrides: Any) -> dict[str, Any]:
-    """The 26B-A4B dictionary with some fields replaced (a `moe` dict is merged, `moe=None` removes it)."""
-    shape = diffusiongemma_26b_a4b()
+    """The Gemma-4 26B-A4B dictionary with some fields replaced (a `moe` dict is merged, `moe=None` removes it)."""
+    shape = gemma4_26b_a4b()
     if overrides.get("moe") is not None:
         overrides["moe"] = {**shape["moe"], **overrides["moe"]}
     shape.update(overrides)

@@ -303,7 +303,8 @@ def _denoise(
         else:
             noise = jax.vmap(lambda k: process.prior_sample(k, (c,)))(step_keys[:, 2]).astype(jnp.int32)
             new = jnp.where(free, jnp.where(accept, candidates, noise), old)
-        stop = sampler.early_stopping(shaped, old, new, free)
+        argmax = jnp.argmax(shaped, axis=-1).astype(jnp.int32)
+        stop = sampler.early_stopping(shaped, old, new, free, state["argmax"])
         if persistent:  # a masking row never stops with masks left; without remasking it stops when none are
             unmasked = ~jnp.any(free & (new == process.mask_id), axis=-1)
             stop = (stop & unmasked) | (unmasked & (not sampler.selection.remasks))
@@ -313,6 +314,7 @@ def _denoise(
             canvas=jnp.where(running[:, None], new, old),
             steps=jnp.where(running, step + 1, state["steps"]),
             done=state["done"] | stop,
+            argmax=jnp.where(running[:, None], argmax, state["argmax"]),
         )
         if has_sc:
             fed_back = shaped if sampler.sc_temperature is None else biased / sampler.sc_temperature
@@ -323,7 +325,13 @@ def _denoise(
             new_state["trajectory"] = state["trajectory"].at[step].set(new_state["canvas"])
         return new_state
 
-    state = dict(step=jnp.zeros((), jnp.int32), canvas=canvas, steps=jnp.zeros((b,), jnp.int32), done=~active)
+    state = dict(
+        step=jnp.zeros((), jnp.int32),
+        canvas=canvas,
+        steps=jnp.zeros((b,), jnp.int32),
+        done=~active,
+        argmax=jnp.full((b, c), -1, jnp.int32),  # the previous step's argmax, for stability rules that compare to it
+    )
     if has_sc:
         state["sc"] = null_sc
     if return_trajectory:

@@ -35,7 +35,8 @@ from hackable_diffusion.sampling.selection import entropy
 
 @dataclasses.dataclass(frozen=True)
 class EarlyStopping(abc.ABC):
-    """`rule(logits, previous, current, free) -> stop (b,)`."""
+    """`rule(logits, previous, current, free, previous_argmax=None) -> stop (b,)`; `previous_argmax` is the argmax of
+    the previous step's shaped logits (-1 before the first step), which the canvas loop always passes."""
 
     @abc.abstractmethod
     def __call__(
@@ -44,6 +45,7 @@ class EarlyStopping(abc.ABC):
         previous: Int[Array, "b c"],
         current: Int[Array, "b c"],
         free: Bool[Array, "b c"],
+        previous_argmax: Int[Array, "b c"] | None = None,
     ) -> Bool[Array, "b"]:
         """True for the rows that may stop after this step."""
 
@@ -52,42 +54,49 @@ class EarlyStopping(abc.ABC):
 class NoEarlyStop(EarlyStopping):
     """Never stop early."""
 
-    def __call__(self, logits, previous, current, free):
+    def __call__(self, logits, previous, current, free, previous_argmax=None):
         return jnp.zeros(previous.shape[:1], bool)
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenStability(EarlyStopping):
-    """Stop when argmax(shaped logits) equals the step's input canvas (`against="input"`) or output canvas."""
+    """Stop when argmax(shaped logits) equals the step's input canvas (`against="input"`, the gemma library), its
+    output canvas (`"output"`), or the previous step's argmax (`"previous_argmax"`, transformers' DiffusionGemma with
+    stability_threshold 1)."""
 
     against: str = "input"
 
     def __post_init__(self):
-        if self.against not in ("input", "output"):
+        if self.against not in ("input", "output", "previous_argmax"):
             raise ValueError(
-                f"TokenStability: against must be 'input' (the reference) or 'output', got {self.against!r}."
+                f"TokenStability: against must be 'input' (the gemma library), 'output' or 'previous_argmax' "
+                f"(transformers), got {self.against!r}."
             )
 
-    def __call__(self, logits, previous, current, free):
-        reference = previous if self.against == "input" else current
+    def __call__(self, logits, previous, current, free, previous_argmax=None):
+        if self.against == "previous_argmax" and previous_argmax is None:
+            raise ValueError("TokenStability(against='previous_argmax') needs the previous step's argmax.")
+        reference = {"input": previous, "output": current, "previous_argmax": previous_argmax}[self.against]
         agrees = jnp.argmax(logits, axis=-1) == reference
         return jnp.all(agrees | ~free, axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)
 class EntropyBelow(EarlyStopping):
-    """Stop when the mean entropy (nats, float32) over free positions is <= threshold."""
+    """Stop when the mean entropy (nats, float32) over free positions is <= threshold (< with `strict`, as
+    transformers' DiffusionGemma compares)."""
 
     threshold: float = 0.005
+    strict: bool = False
 
     def __post_init__(self):
         if not self.threshold >= 0:
             raise ValueError(f"EntropyBelow: threshold must be >= 0, got {self.threshold}.")
 
-    def __call__(self, logits, previous, current, free):
+    def __call__(self, logits, previous, current, free, previous_argmax=None):
         h = jnp.where(free, entropy(logits), 0.0)
         mean = jnp.sum(h, axis=-1) / jnp.maximum(jnp.sum(free, axis=-1), 1)
-        return mean <= self.threshold
+        return mean < self.threshold if self.strict else mean <= self.threshold
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,10 +117,10 @@ class Chained(EarlyStopping):
             raise ValueError(f"Chained: {bad} are not EarlyStopping rules.")
         object.__setattr__(self, "rules", rules)
 
-    def __call__(self, logits, previous, current, free):
+    def __call__(self, logits, previous, current, free, previous_argmax=None):
         stop = jnp.ones(previous.shape[:1], bool)
         for rule in self.rules:
-            stop = stop & rule(logits, previous, current, free)
+            stop = stop & rule(logits, previous, current, free, previous_argmax)
         return stop
 
 
@@ -120,11 +129,18 @@ def diffusiongemma_early_stopping() -> Chained:
     return Chained((TokenStability(), EntropyBelow(0.005)))
 
 
+def transformers_early_stopping() -> Chained:
+    """transformers' DiffusionGemma default (`StableAndConfidentStoppingCriteria(1, 0.005)`): the argmax equals the
+    previous step's AND mean entropy < 0.005."""
+    return Chained((TokenStability(against="previous_argmax"), EntropyBelow(0.005, strict=True)))
+
+
 EARLY_STOPPING: dict[str, Any] = {
     "none": NoEarlyStop,
     "token_stability": TokenStability,
     "entropy": EntropyBelow,
     "diffusiongemma": diffusiongemma_early_stopping,
+    "transformers": transformers_early_stopping,
 }
 
 

@@ -1,0 +1,147 @@
+"""Checkpoint conversion entry point: Hugging Face directories, gemma-library orbax trees and toolbox runs.
+
+  python -m hackable_diffusion.convert --from runs/sft_lora --to exported/        # a toolbox run -> Hugging Face
+  python -m hackable_diffusion.convert --from hf_dir --to gemma_dir --to_format gemma
+  python -m hackable_diffusion.convert --from gemma_dir --config configs/models/diffusiongemma_26b_a4b.py --to hf_dir
+
+Formats are detected from the source (`--from_format` / `--to_format` override): `hf` (config.json + safetensors:
+DiffusionGemma or Gemma-4, `models/hf_convert.py`), `gemma` (an orbax tree in the gemma library's layout,
+`models/gemma_convert.py`), `workdir` (a run of `python -m hackable_diffusion.train` or `sft`; its EMA weights when it
+kept them, an SFT run's merged `fused_params`). The targets are `hf` and `gemma`; a Hugging Face directory is used
+directly by `sample`, `evaluate --workdir hf:DIR` and `sft --init_from hf:DIR`, so it needs no toolbox run.
+A toolbox model with a self-conditioner is written as a DiffusionGemma checkpoint, one without as a text-only Gemma-4
+(`--model_type` overrides). A gemma source needs the model shape: `--config` names a model config file
+(configs/models/*.py), and `--config.<key>=value` overrides its keys. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from absl import app, flags
+
+from hackable_diffusion import cli
+
+FLAGS = flags.FLAGS
+FORMATS = ("hf", "gemma", "workdir")
+
+
+def define_flags(argv: list[str]):
+    cli.define_config_file_flag(argv, "gemma sources: a model config file (configs/models/*.py) with the shape.")
+    flags.DEFINE_string("from", None, "The source checkpoint: a Hugging Face directory, a gemma orbax tree or a run.")
+    flags.DEFINE_string("to", None, "The directory to write.")
+    flags.DEFINE_enum("from_format", None, list(FORMATS), "Source format (default: detected).")
+    flags.DEFINE_enum("to_format", "hf", ["hf", "gemma"], "Target format.")
+    flags.DEFINE_enum(
+        "model_type", None, ["diffusion_gemma", "gemma4_text"], "hf target: default by the self-conditioner."
+    )
+    flags.DEFINE_string("dtype", "", "Cast the parameters (e.g. bfloat16); empty keeps the stored dtypes.")
+    flags.DEFINE_bool("ignore_unexpected", False, "hf/gemma sources: skip tensors the model has no place for.")
+
+
+def detect_format(path: pathlib.Path) -> str:
+    from hackable_diffusion.models import hf_convert
+
+    if hf_convert.is_hf_directory(path):
+        return "hf"
+    if (path / "config.json").is_file() and ((path / "checkpoints").is_dir() or (path / "fused_params").is_dir()):
+        return "workdir"
+    if path.is_dir() and any(path.iterdir()):
+        return "gemma"
+    raise FileNotFoundError(f"{path} is neither a Hugging Face directory, a toolbox run nor an orbax tree.")
+
+
+def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str = "", ignore_unexpected: bool = False):
+    """(TransformerConfig, params, extras) of a checkpoint; extras: what a writer may carry over."""
+    import jax
+
+    from hackable_diffusion.models import gemma_convert, hf_convert
+    from hackable_diffusion.models.config import TransformerConfig
+
+    if fmt == "hf":
+        checkpoint = hf_convert.load_hf(path, dtype=dtype or None, ignore_unexpected=ignore_unexpected)
+        return checkpoint.config, checkpoint.params, {"source": path, "canvas_length": checkpoint.info.canvas_length}
+    if fmt == "gemma":
+        if model_config is None:
+            raise ValueError("a gemma source needs the model shape: --config configs/models/NAME.py.")
+        cfg = TransformerConfig.from_dict(model_config.get("model", model_config).to_dict())
+        params = gemma_convert.load_gemma_checkpoint(
+            path, cfg, dtype=dtype or None, ignore_unexpected=ignore_unexpected
+        )
+        return cfg, params, {}
+    from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion import sft
+
+    config = cli.load_saved_config(str(path))
+    cfg = TransformerConfig.from_dict(config.model.to_dict())
+    if (path / sft.FUSED_DIR).is_dir():
+        params = sft.load_params(path / sft.FUSED_DIR)
+    else:
+        params, _ = exp_lib.load_params(exp_lib.from_workdir(str(path)), str(path))
+    params = jax.device_get(params)
+    if dtype:
+        import numpy as np
+
+        from hackable_diffusion.models.config import resolve_dtype
+
+        params = jax.tree.map(lambda x: np.asarray(x).astype(resolve_dtype(dtype)), params)
+    canvas = int(config.diffusion.get("canvas_len") or config.sampler.get("canvas_len") or 256)
+    return cfg, params, {"canvas_length": canvas, "sampler": config.sampler.to_dict()}
+
+
+def convert(
+    source: str,
+    target: str,
+    *,
+    from_format: str | None = None,
+    to_format: str = "hf",
+    model_type: str | None = None,
+    model_config=None,
+    dtype: str = "",
+    ignore_unexpected: bool = False,
+) -> dict:
+    from hackable_diffusion.models import gemma_convert, hf_convert
+
+    src, dst = pathlib.Path(source), pathlib.Path(target)
+    fmt = from_format or detect_format(src)
+    cfg, params, extras = load_source(
+        src, fmt, model_config=model_config, dtype=dtype, ignore_unexpected=ignore_unexpected
+    )
+    if to_format == "gemma":
+        gemma_convert.save_gemma_checkpoint(params, cfg, dst, force=True)
+    else:
+        kind = model_type or (hf_convert.DIFFUSION_GEMMA if cfg.self_conditioning else hf_convert.GEMMA4_TEXT)
+        hf_convert.save_hf(
+            dst,
+            cfg,
+            params,
+            model_type=kind,
+            canvas_length=extras.get("canvas_length") or 256,
+            sampler=extras.get("sampler"),
+            source=extras.get("source"),
+        )
+    return {"from": str(src), "from_format": fmt, "to": str(dst), "to_format": to_format, "layers": cfg.num_layers}
+
+
+def main(argv):
+    del argv
+    source, target = getattr(FLAGS, "from"), FLAGS.to
+    if not source or not target:
+        raise app.UsageError("--from and --to are required (a checkpoint to read and a directory to write).")
+    cli.quiet_library_logs()
+    result = convert(
+        source,
+        target,
+        from_format=FLAGS.from_format,
+        to_format=FLAGS.to_format,
+        model_type=FLAGS.model_type,
+        model_config=FLAGS.config,
+        dtype=FLAGS.dtype,
+        ignore_unexpected=FLAGS.ignore_unexpected,
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    cli.run_command(define_flags, main, __doc__)

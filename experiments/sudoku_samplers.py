@@ -106,7 +106,7 @@ ROW_NOTES = {
 def load_set(spec: str, train_seed: int, config) -> dict:
     from hackable_diffusion.evaluate import _training_puzzle_overlap, load_sudoku_puzzles
 
-    data = load_sudoku_puzzles(spec, train_seed=train_seed)
+    data = load_sudoku_puzzles(spec, train_seed=train_seed, cache_dir=config.data.get("cache_dir") or "default")
     seen = _training_puzzle_overlap(config, data["puzzles"])
     dropped = 0
     if seen is not None and seen.any():

@@ -109,6 +109,24 @@ def argparse_command(script: str, args: Any, skip: Sequence[Any] = ("", None)) -
     return shlex.join(parts)
 
 
+def json_line(value: Any) -> str:
+    """One line of strict JSON: NaN and infinities (an undefined standard error, say) become null."""
+    import math
+
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, Mapping):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        if hasattr(x, "item") and getattr(x, "ndim", None) == 0:  # numpy scalars
+            return clean(x.item())
+        return x
+
+    return json.dumps(clean(value), allow_nan=False, default=str)
+
+
 def fail(message: str) -> None:
     """The one error style of every command: one line on stderr, exit status 2."""
     print(f"error: {message}", file=sys.stderr)
@@ -164,6 +182,11 @@ def run_command(define_flags: Callable[[Sequence[str]], None], main: Callable[[S
             if show_traceback:
                 raise
             fail(f"{err} (set {TRACEBACK_ENV}=1 for the traceback)")
+        except Exception as err:  # training stopped by SIGINT/SIGTERM after saving: its message and exit status
+            if not hasattr(err, "exit_code") or show_traceback:
+                raise
+            print(str(err), file=sys.stderr)
+            sys.exit(err.exit_code)
 
     app.run(guarded_main, argv=argv, flags_parser=lambda _: remaining)
 

@@ -16,7 +16,6 @@ A toolbox model with a self-conditioner is written as a DiffusionGemma checkpoin
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 from absl import app, flags
@@ -140,7 +139,7 @@ def main(argv):
         dtype=FLAGS.dtype,
         ignore_unexpected=FLAGS.ignore_unexpected,
     )
-    print(json.dumps(result))
+    print(cli.json_line(result))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from generator seed SEED, which must differ from the training seed; duplicate pu
 
 from __future__ import annotations
 
-import json
 import time
 
 import ml_collections
@@ -122,7 +121,9 @@ def likelihood(
     return out
 
 
-def load_sudoku_puzzles(spec: str, *, train_seed: int | None = None, limit: int = 0) -> dict:
+def load_sudoku_puzzles(
+    spec: str, *, train_seed: int | None = None, limit: int = 0, cache_dir: str = "default"
+) -> dict:
     """puzzles, solutions (and level, when the CSV has it) from a CSV (a path, or a file name looked up like the
     corpora: the shipped files, then $HD_DATA_DIR) or `generated:LO-HI:N:SEED`."""
     import numpy as np
@@ -144,7 +145,7 @@ def load_sudoku_puzzles(spec: str, *, train_seed: int | None = None, limit: int 
             raise ValueError(
                 f"--data={spec!r} uses the training generator seed {train_seed}; pick another seed for held-out puzzles."
             )
-        data = sudoku_lib.generate_dataset(n, (lo, hi), seed=seed, unique=True)
+        data = sudoku_lib.generate_dataset(n, (lo, hi), seed=seed, unique=True, cache_dir=cache_dir)
         _, first = np.unique(data["puzzles"], axis=0, return_index=True)
         keep = np.sort(first)
         data = {"puzzles": data["puzzles"][keep], "solutions": data["solutions"][keep]}
@@ -232,7 +233,12 @@ def sudoku(
     trained_loops = int(saved.model.get("depth_loops", 1))
     weights_used = _weights_used(exp, weights)  # checks the value before loading
     params, step = exp_lib.load_params(exp, workdir, use_ema=weights_used == "ema")
-    puzzles = load_sudoku_puzzles(data, train_seed=int(exp.config.data.generator_seed), limit=limit)
+    puzzles = load_sudoku_puzzles(
+        data,
+        train_seed=int(exp.config.data.generator_seed),
+        limit=limit,
+        cache_dir=exp.config.data.get("cache_dir") or "default",  # the run's own cache, as training used
+    )
     seen = _training_puzzle_overlap(exp.config, puzzles["puzzles"])
     if seen is not None and seen.any():  # a generated held-out puzzle that training saw is no test: drop it
         puzzles = {k: v[~seen] for k, v in puzzles.items()}
@@ -260,11 +266,25 @@ def sudoku(
     return {**head, **scores}
 
 
+FLAG_ZERO = {  # what 0 means for each count flag
+    "limit": "every puzzle",
+    "num_batches": "the whole split",
+    "batch_size": "config.eval.batch_size",
+    "num_samples": "no samples",
+    "max_new_tokens": "config.sampler.max_new_tokens",
+}
+
+
 def main(argv):
     del argv
     if FLAGS.workdir is None:
         raise app.UsageError("--workdir is required.")
     cli.quiet_library_logs()
+    for name in ("limit", "num_batches", "batch_size", "num_samples", "max_new_tokens"):
+        if getattr(FLAGS, name) < 0:
+            raise app.UsageError(f"--{name}={getattr(FLAGS, name)} must be >= 0 (0: {FLAG_ZERO[name]}).")
+    if FLAGS.repeats < 1:
+        raise app.UsageError(f"--repeats={FLAGS.repeats} must be >= 1.")
     if FLAGS.task == "sudoku" and not FLAGS.data:
         raise app.UsageError("--task sudoku needs --data FILE.csv or --data generated:LO-HI:N:SEED.")
     workdir = cli.resolve_workdir(FLAGS.workdir)  # hf:DIR -> the run directory that stands for the checkpoint
@@ -292,7 +312,7 @@ def main(argv):
             config=FLAGS.config,
             weights=FLAGS.weights,
         )
-    print(json.dumps(result))
+    print(cli.json_line(result))
 
 
 if __name__ == "__main__":

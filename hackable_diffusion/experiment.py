@@ -292,6 +292,61 @@ def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, pro
     raise ValueError(f"config.diffusion.objective={d.objective!r} must be 'pretrain', 'sft' or 'ar'.")
 
 
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Every check of a training config that needs no data and no compilation, so that a bad value stops the command
+    before anything is written to the workdir: loop sizes, the optimizer schedule, the model shape, the process,
+    objective and sampler, the mesh and batch divisibility, and that the corpus files exist. Raises ValueError (or
+    FileNotFoundError for data) naming the key and how to fix it."""
+    import jax
+
+    from hackable_diffusion.training import optimizers, sharding
+
+    t, d = config.train, config.data
+    positive = {
+        "train.num_steps": t.num_steps,
+        "train.grad_accum_steps": t.grad_accum_steps,
+        "train.keep_checkpoints": t.keep_checkpoints,
+        "data.batch_size": d.batch_size,
+    }
+    for key, value in positive.items():
+        if int(value) < 1:
+            raise ValueError(f"config.{key}={value} must be >= 1.")
+    for key in ("log_every", "eval_every", "checkpoint_every"):
+        if int(t[key]) < 0:
+            raise ValueError(f"config.train.{key}={t[key]} must be >= 0 (0 turns it off).")
+    if not 0.0 <= float(t.ema_decay) < 1.0:
+        raise ValueError(f"config.train.ema_decay={t.ema_decay} must be in [0, 1) (0: no EMA).")
+    if d.task not in ("text", "sudoku"):
+        raise ValueError(f"config.data.task={d.task!r} must be 'text' or 'sudoku'.")
+    resolved = optimizer_config(config)
+    if int(resolved.warmup_steps) > int(resolved.total_steps):
+        raise ValueError(
+            f"config.optimizer.warmup_steps={resolved.warmup_steps} is longer than the run "
+            f"({resolved.total_steps} steps); lower it or raise config.train.num_steps."
+        )
+    optimizers.make_optimizer(resolved)  # the optimizer name and schedule
+    vocab = int(config.model.get("vocab_size") or 0) or 256
+    model = build_model(config, vocab)
+    process = build_process(config, vocab)
+    build_objective(config, model, process)
+    if process is not None:
+        build_sampler(config, process)
+    if d.task == "sudoku":
+        _sudoku_givens_range(d)
+        sudoku_format(config)
+    else:
+        text_lib.check_corpus(d.corpus, d.tokenizer, d.data_dir or None)
+    mesh = sharding.mesh_shape(config.mesh, jax.device_count())
+    shards = mesh[0] * mesh[1]  # data x fsdp split the batch
+    global_batch = int(d.batch_size) * jax.process_count()
+    if global_batch % shards:
+        raise ValueError(
+            f"the global batch ({d.batch_size} per process x {jax.process_count()} processes = {global_batch}) is "
+            f"not divisible by the mesh's data x fsdp = {shards} devices; set config.data.batch_size to a multiple "
+            f"of {shards // math.gcd(shards, jax.process_count())} or change config.mesh."
+        )
+
+
 def build_text_data(config: ml_collections.ConfigDict, workdir: str) -> text_lib.TextData:
     dc = config.data
     return text_lib.build_text_data(
@@ -386,6 +441,14 @@ def sample_texts(
     s = exp.config.sampler
     max_new = max_new_tokens or s.max_new_tokens
     ids = [[BOS_ID] + exp.tokenizer.encode(p) for p in prompts]
+    trained = int(exp.config.data.get("seq_len") or 0)
+    longest = max(len(row) for row in ids)
+    if trained and longest + max_new > 2 * trained:
+        print(
+            f"warning: prompt ({longest} tokens) + {max_new} new tokens is far longer than the {trained}-token "
+            "sequences the model was trained on; positions it never saw may degrade the output.",
+            flush=True,
+        )
     if exp.is_autoregressive:
         result = gen_lib.generate_ar(
             exp.model,

@@ -75,6 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
             eval_every=250,
             checkpoint_every=250,
             keep_checkpoints=3,
+            peak_flops=0.0,  # FLOP/s the MFU divides by; 0 = this machine's calibrated matmul peak (training/metrics.py)
         )
     )
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, expert=1, tensor=1))

@@ -474,7 +474,17 @@ def make_adapter(config: ml_collections.ConfigDict) -> lora_lib.LoRA | None:
 
 
 def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: bool = False) -> SFTResult:
-    """Fine-tunes as described by `config` in `workdir` (rerunning resumes) and writes the outputs listed above."""
+    """Fine-tunes as described by `config` in `workdir` (rerunning resumes) and writes the outputs listed above; the
+    workdir is locked against a second writer meanwhile."""
+    import contextlib
+
+    from hackable_diffusion.training.workdir_lock import WorkdirLock
+
+    with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        return _run_sft(config, workdir, sample_at_end=sample_at_end)
+
+
+def _run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: bool) -> SFTResult:
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.sampling import generate as gen_lib
     from hackable_diffusion.training import loop, sharding

@@ -14,7 +14,6 @@ that does not exist stops the command with the closest existing keys. Multi-host
 from __future__ import annotations
 
 import json
-import math
 
 from absl import app, flags
 
@@ -35,7 +34,21 @@ def define_flags(argv: list[str]):
 
 
 def run(config, workdir: str, *, sample_at_end: bool = True):
-    """Trains the experiment described by `config` in `workdir`; returns (experiment, final state)."""
+    """Trains the experiment described by `config` in `workdir`; returns (experiment, final state). The config is
+    checked before anything is written, and the workdir is locked against a second writer while training."""
+    import contextlib
+
+    import jax
+
+    from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.training.workdir_lock import WorkdirLock
+
+    exp_lib.check_config(config)  # before anything is written: a bad value leaves the workdir as it was
+    with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        return _run(config, workdir, sample_at_end=sample_at_end)
+
+
+def _run(config, workdir: str, *, sample_at_end: bool):
     import jax
 
     from hackable_diffusion import experiment as exp_lib
@@ -60,16 +73,7 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
             flush=True,
         )
 
-    mesh = sharding.make_mesh(config.mesh)
-    batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    global_batch = config.data.batch_size * jax.process_count()
-    if global_batch % batch_shards:
-        raise ValueError(
-            f"The global batch ({config.data.batch_size} per process x {jax.process_count()} processes = "
-            f"{global_batch}) is not divisible by the mesh's data x fsdp = {batch_shards} devices; set "
-            f"--config.data.batch_size to a multiple of {batch_shards // math.gcd(batch_shards, jax.process_count())} "
-            "or change config.mesh."
-        )
+    mesh = sharding.make_mesh(config.mesh)  # its divisibility was checked by check_config
     if is_sudoku:
         train_iter = exp_lib.make_sudoku_train_iterator(
             exp.data.train_tokens,
@@ -141,7 +145,7 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
         eval_every=config.train.eval_every,
         tokens_per_example=seq_len,
         flops_per_token=flops,
-        peak_flops=config.train.get("peak_flops", 0) or metrics.measure_peak_matmul_flops(1024, repeats=3),
+        peak_flops=config.train.get("peak_flops", 0) or metrics.calibrated_peak_flops(exp.model.cfg.compute_dtype),
     )
     if sample_at_end and jax.process_index() == 0 and is_sudoku:
         params = state.ema_params if state.ema_params is not None else state.params

@@ -4,7 +4,7 @@ Imported by tests/test_training_infra.py (toy model, logical axes, data) and run
 and 2-process tests:
 
   python tests/_toy_train_worker.py --workdir W --total_steps 8 --out W/result.npz
-      [--kill_at_step 6 --kill_after_checkpoint 3] [--mesh 2,1,1,2] [--resume_to 5]
+      [--kill_at_step 6 --kill_after_checkpoint 3] [--mesh 2,1,1,2] [--resume_to 5] [--step_sleep 0.2]
       [--coordinator 127.0.0.1:PORT --num_processes 2 --process_id 0]
 
 Device count comes from XLA_FLAGS (set by the test). The model: token embedding + a 2-expert "MoE" residual block
@@ -155,6 +155,7 @@ def main(argv=None):
     parser.add_argument("--num_processes", type=int, default=None)
     parser.add_argument("--process_id", type=int, default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--step_sleep", type=float, default=0.0, help="seconds to sleep after each step (signal tests)")
     args = parser.parse_args(argv)
 
     from hackable_diffusion.training import distributed
@@ -180,25 +181,31 @@ def main(argv=None):
                 os.kill(os.getpid(), signal.SIGKILL)
 
         hooks.append(kill)
+    if args.step_sleep:
+        hooks.append(lambda step, state, metrics: time.sleep(args.step_sleep))
     schedule_steps = max(args.total_steps, args.resume_to)
     for total_steps in (args.total_steps, args.resume_to) if args.resume_to else (args.total_steps,):
-        state = loop.train(
-            workdir=args.workdir,
-            init_fn=init_fn,
-            loss_fn=make_loss_fn(),
-            seed=0,
-            train_iterator=make_iterator(process_index=jax.process_index(), process_count=jax.process_count()),
-            total_steps=total_steps,
-            optimizer_cfg=optimizer_cfg(schedule_steps),
-            mesh=mesh,
-            param_logical_axes_fn=logical_axes_fn,
-            ema_decay=0.9,
-            log_every=1,
-            checkpoint_every=args.checkpoint_every,
-            keep_checkpoints=2,
-            hooks=hooks,
-            compiler_options=FAST_COMPILE,
-        )
+        try:
+            state = loop.train(
+                workdir=args.workdir,
+                init_fn=init_fn,
+                loss_fn=make_loss_fn(),
+                seed=0,
+                train_iterator=make_iterator(process_index=jax.process_index(), process_count=jax.process_count()),
+                total_steps=total_steps,
+                optimizer_cfg=optimizer_cfg(schedule_steps),
+                mesh=mesh,
+                param_logical_axes_fn=logical_axes_fn,
+                ema_decay=0.9,
+                log_every=1,
+                checkpoint_every=args.checkpoint_every,
+                keep_checkpoints=2,
+                hooks=hooks,
+                compiler_options=FAST_COMPILE,
+            )
+        except loop.TrainingInterrupted as err:
+            print(f"interrupted: {err}", flush=True)
+            return err.exit_code
     tree = {"params": state.params, "ema": state.ema_params}
     if jax.process_count() > 1:
         tree = multihost_utils.process_allgather(tree, tiled=True)

@@ -140,3 +140,57 @@ def test_saved_configs_from_older_runs_get_new_sampler_keys(tmp_path):
     loaded = cli.load_saved_config(str(tmp_path))
     assert loaded.sampler.score_temperature == recipes.base_config().sampler.score_temperature
     assert loaded.sampler.num_steps == 7
+
+
+def _command(*args, env=None):
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, env=dict(os.environ, **(env or {}))
+    )
+
+
+@pytest.mark.parametrize("command", ["train", "sample", "evaluate", "sft", "convert"])
+def test_help_works_alone_and_exits_zero(command):
+    out = _command(f"hackable_diffusion.{command}", "--help")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "--config" in out.stdout and "flags:" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--config.train.num_steps=20"], "warmup_steps=30 is longer than the run"),
+        (["--config.train.num_steps=0"], "num_steps=0 must be >= 1"),
+        (["--config.data.batch_size=0"], "batch_size=0 must be >= 1"),
+        (["--config.data.corpus=nope"], "corpus='nope'"),
+    ],
+)
+def test_a_bad_setting_stops_train_before_anything_is_written(tmp_path, args, message):
+    workdir = tmp_path / "run"
+    out = _command("hackable_diffusion.train", "--config", "configs/quickstart.py", f"--workdir={workdir}", *args)
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and message in out.stderr, out.stderr[-2000:]
+    assert len(out.stderr.strip().splitlines()) == 1  # one line, no traceback
+    assert not workdir.exists()
+
+
+def test_bad_inputs_to_sample_and_evaluate_are_one_error_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    cases = [
+        (["hackable_diffusion.sample", f"--workdir={tmp_path / 'run'}"], "config.json not found"),
+        (["hackable_diffusion.sample", "--workdir=x", "--max_new_tokens=-5"], "--max_new_tokens=-5 must be >= 0"),
+        (["hackable_diffusion.evaluate", "--workdir=x", "--limit=-1"], "--limit=-1 must be >= 0"),
+        (["hackable_diffusion.evaluate", "--workdir=x", "--no_such_flag=1"], "no_such_flag"),
+        (["hackable_diffusion.sample", "--workdir=x", "--config.sampler.num_step=3"], "sampler.num_steps"),
+    ]
+    for args, message in cases:
+        out = _command(*args)
+        assert out.returncode == 2, (args, out.stderr[-2000:])
+        assert out.stderr.startswith("error: ") and message in out.stderr, (args, out.stderr[-2000:])
+
+
+def test_json_output_is_strict_json():
+    assert (
+        cli.json_line({"se": float("nan"), "x": [1.0, float("inf")], "n": 2})
+        == '{"se": null, "x": [1.0, null], "n": 2}'
+    )

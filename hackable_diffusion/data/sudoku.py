@@ -764,7 +764,10 @@ def read_sudoku_csv(
                 if not is_valid_solution(out["solutions"][i])
                 else "changes a given of the puzzle"
             )
-            raise ValueError(f"{path}:{lines[i]}: the solution {what}; pass validate=False to skip this check.")
+            raise ValueError(
+                f"{path}:{lines[i]}: the solution {what}; fix or remove that row (in Python, "
+                "read_sudoku_csv(..., validate=False) reads the file without this check)."
+            )
     for values, col in zip(extras, extra_cols):
         out[names[col]] = _to_array(values)
     return out

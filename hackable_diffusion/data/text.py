@@ -335,6 +335,17 @@ def _cached_stream(cache_dir: pathlib.Path, name: str, compute) -> np.ndarray:
     return stream
 
 
+def check_corpus(corpus: str, tokenizer_kind: str, data_dir: str | os.PathLike | None = None) -> None:
+    """Raises before any work if the corpus name, the tokenizer kind or the corpus files are wrong."""
+    if corpus not in CORPORA:
+        raise ValueError(f"config.data.corpus={corpus!r} must be one of {CORPORA}.")
+    if tokenizer_kind not in TOKENIZER_KINDS:
+        raise ValueError(f"config.data.tokenizer={tokenizer_kind!r} must be one of {TOKENIZER_KINDS}.")
+    names = [SHAKESPEARE_FILE] if corpus == "shakespeare" else [f"ptb/ptb.{s}.txt" for s in PTB_SPLITS]
+    for name in names:
+        data_file(name, data_dir)
+
+
 def build_text_data(
     corpus: str,
     tokenizer_kind: str,

@@ -37,6 +37,10 @@ class NonFiniteStateError(ValueError):
     """Raised when asked to checkpoint a state that holds NaN or Inf."""
 
 
+class UnreadableCheckpointsError(ValueError):
+    """Checkpoints exist but none can be restored (a ValueError: bad input, reported on one line by the commands)."""
+
+
 def abstract_like(tree: PyTree) -> PyTree:
     """ShapeDtypeStructs (with each array's sharding) for restoring onto the same layout as `tree`."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
@@ -46,6 +50,17 @@ def _agree_across_processes(ok: bool) -> bool:
     if jax.process_count() == 1:
         return ok
     return bool(np.all(multihost_utils.process_allgather(np.array(ok, np.bool_))))
+
+
+def _short_reason(error: BaseException) -> str:
+    """One readable line for an orbax/tensorstore error: its type and first line, with the reprs of internal objects
+    (`<bound method ... of TensorStore({...})>`) that those messages embed left out."""
+    import re
+
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = re.sub(r"<(bound method|function|built-in)[^\n]*?>(\)+)?", "<...>", text)
+    text = re.sub(r"\{[^{}]{200,}\}", "{...}", text)
+    return f"{type(error).__name__}: {text[:300]}"
 
 
 class Checkpointer:
@@ -117,15 +132,15 @@ class Checkpointer:
             if _agree_across_processes(error is None):
                 return state, step
             self._unreadable_steps.add(step)
-            reason = f"{type(error).__name__}: {error}" if error is not None else "another process could not read it"
+            reason = _short_reason(error) if error is not None else "another process could not read it"
             logger.warning(
                 "checkpoint step %d in %s is unreadable or damaged (%s); falling back to the previous checkpoint.",
                 step,
                 self.directory,
-                reason.splitlines()[0][:500],
+                reason,
             )
         if steps:
-            raise RuntimeError(
+            raise UnreadableCheckpointsError(
                 f"none of the checkpoints {steps} in {self.directory} could be restored (see the warnings above); "
                 "move the directory away to start from scratch."
             )

@@ -17,12 +17,20 @@ Deliberate choices:
   * Logged train metrics are the mean over the steps since the last log line.
   * With several processes, every process runs this same function on its own shard of the data (`train_iterator`
     yields the process-local rows of each global batch); only process 0 writes metrics and prints.
+  * SIGINT (Ctrl-C) and SIGTERM (how schedulers preempt jobs) finish the current step, save a checkpoint of everything
+    an exact resume needs (parameters, optimizer, EMA, RNG, data iterator), wait for it, say where it is and raise
+    `TrainingInterrupted` (exit status 128 + signal: 130 / 143). A second signal aborts at once. With several
+    processes the processes agree after every step (one all-gather of a flag), so all of them save the same step even
+    when only one was signalled, as preemption-aware trainers do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import time
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +49,55 @@ EvalFn = Callable[[PyTree, PyTree | None], Mapping[str, Any]]
 
 class NonFiniteLossError(RuntimeError):
     """Training produced a NaN/Inf loss or gradient; the state was not updated and no checkpoint was written."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT/SIGTERM stopped training after a checkpoint was saved; `exit_code` is 128 + the signal number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+class _StopRequests:
+    """SIGINT/SIGTERM handlers for the duration of a training run (main thread only): the first signal asks the loop
+    to stop after the current step, a second one aborts at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:  # the second signal: no more waiting
+            self.__exit__()
+            raise KeyboardInterrupt(f"aborted by a second {signal.Signals(signum).name}")
+        self.signum = signum
+        _say(
+            f"{signal.Signals(signum).name} received: finishing this step and saving a checkpoint "
+            "(send it again to abort at once)."
+        )
+
+    def agreed(self) -> int | None:
+        """The signal to stop on if any process received one (every process calls this at every step)."""
+        if jax.process_count() == 1:
+            return self.signum
+        from jax.experimental import multihost_utils
+
+        mine = np.int32(self.signum or 0)
+        every = np.asarray(multihost_utils.process_allgather(mine))
+        return int(every.max()) or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +254,9 @@ def train(
         shown = ", ".join(f"{k} {float(np.asarray(v)):.4g}" for k, v in eval_metrics.items())
         _say(f"eval at step {step}: {shown}")
 
+    stop = _StopRequests()
     try:
+        stop.__enter__()
         for step in range(start_step + 1, cfg.total_steps + 1):
             host_batch = next(train_iterator)
             if progress is None:
@@ -206,8 +265,12 @@ def train(
                 progress = metrics_lib.ProgressLogger(
                     cfg.total_steps, tokens_per_step, cfg.flops_per_token, cfg.peak_flops
                 )
+                _say(f"Compiling the training step (step {step} includes the compilation)...")
+                compile_start = time.perf_counter()
             state, step_metrics = train_step(state, sharding.shard_batch(host_batch, mesh))
             step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+            if step == start_step + 1:
+                _say(f"First step done in {time.perf_counter() - compile_start:.1f}s (compilation included).")
             if not step_metrics.pop("finite"):
                 last_good = "there is no checkpoint (checkpointing is off)"
                 if checkpointer is not None:
@@ -225,21 +288,41 @@ def train(
                     "warmup_steps, set clip_norm, or inspect this step's batch."
                 )
             history.append(step_metrics)
-            line = progress.update(step, step_metrics["loss"])
+            progress.update(step)
             if cfg.log_every and (step % cfg.log_every == 0 or step == cfg.total_steps):
-                writer.write(step, {**_mean_metrics(history), **progress.rates()}, split="train")
+                mean = _mean_metrics(history)  # what metrics.jsonl stores, and what the line shows
+                writer.write(step, {**mean, **progress.rates()}, split="train")
+                _say(progress.line(step, mean["loss"], steps_averaged=len(history)))
                 history = []
-                _say(line)
             if eval_fn is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.total_steps):
                 run_eval(step)
             if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == cfg.total_steps):
                 save(step)
             for hook in hooks:
                 hook(step, state, step_metrics)
+            signum = stop.agreed()
+            if signum is not None and step < cfg.total_steps:
+                _interrupt(signum, step, checkpointer, save, workdir)
         if checkpointer is not None:
             save(int(state.step))
     finally:
+        stop.__exit__()
         writer.close()
         if checkpointer is not None:
             checkpointer.close()
     return state
+
+
+def _interrupt(signum: int, step: int, checkpointer, save, workdir: str) -> None:
+    name = signal.Signals(signum).name
+    if checkpointer is None:
+        raise TrainingInterrupted(
+            f"{name}: stopped at step {step}; checkpointing is off, so nothing was saved.", signum
+        )
+    save(step)
+    checkpointer.wait()
+    raise TrainingInterrupted(
+        f"{name}: stopped at step {step} and saved it in {checkpointer.directory}; run the same command again "
+        f"(same --workdir {workdir}) to resume from there.",
+        signum,
+    )

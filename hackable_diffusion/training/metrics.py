@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
+import pathlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -175,9 +175,14 @@ class ProgressLogger:
             self._avg = self.smoothing * self._avg + (1 - self.smoothing) * rate
             self._weight = self.smoothing * self._weight + (1 - self.smoothing)
         self._last = (step, now)
+        return self.line(step, loss)
+
+    def line(self, step: int, loss: float | None = None, *, steps_averaged: int = 1) -> str:
+        """The progress line at `step`; `loss` labelled as the mean over `steps_averaged` steps when that is > 1."""
         parts = [f"step {step}/{self.total_steps}"]
         if loss is not None:
-            parts.append(f"loss {loss:.4g}")
+            averaged = f" (mean of {steps_averaged} steps)" if steps_averaged > 1 else ""
+            parts.append(f"loss {loss:.4g}{averaged}")
         r = self.rates()
         if "steps_per_sec" in r:
             parts.append(f"{r['steps_per_sec']:.3g} steps/s")
@@ -191,8 +196,10 @@ class ProgressLogger:
 
 
 def measure_peak_matmul_flops(n: int = 2048, dtype: Any = jnp.float32, *, repeats: int = 5) -> float:
-    """FLOP/s of a jitted (n x n) @ (n x n) matmul on the default device: median of `repeats` timed runs after a
-    warm-up. bf16 inputs accumulate in f32 (`preferred_element_type`), the fast path on CPUs (XLA:CPU bf16 matmuls with bf16 output are several times slower)."""
+    """FLOP/s of a jitted (n x n) @ (n x n) matmul on the default device: the *fastest* of `repeats` timed runs after a
+    warm-up (another job on the machine only ever slows a run down, so the best run is the least disturbed one).
+    bf16 inputs accumulate in f32 (`preferred_element_type`), the fast path on CPUs (XLA:CPU bf16 matmuls with bf16
+    output are several times slower)."""
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
     matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
@@ -202,4 +209,36 @@ def measure_peak_matmul_flops(n: int = 2048, dtype: Any = jnp.float32, *, repeat
         start = time.perf_counter()
         matmul(a, b).block_until_ready()
         times.append(time.perf_counter() - start)
-    return 2.0 * n**3 / statistics.median(times)
+    return 2.0 * n**3 / min(times)
+
+
+PEAK_CACHE_ENV = "HACKABLE_DIFFUSION_CACHE"
+
+
+def _peak_cache_file() -> pathlib.Path:
+    root = os.environ.get(PEAK_CACHE_ENV) or pathlib.Path.home() / ".cache" / "hackable_diffusion"
+    return pathlib.Path(root) / "peak_flops.json"
+
+
+def calibrated_peak_flops(dtype: Any = jnp.float32, *, repeats: int = 5) -> float:
+    """The matmul peak of this machine for `dtype`, for MFU: the best ever measured here, kept per machine (device
+    kind, CPU count, dtype) in `$HACKABLE_DIFFUSION_CACHE/peak_flops.json` and raised whenever a new measurement beats
+    it, so that a measurement taken while other jobs shared the machine never lowers the peak (which would inflate the
+    MFU). On a CPU the simulated devices share the host's cores, so the host's peak is the mesh's; on accelerators the
+    per-device peak times the number of devices."""
+    device = jax.devices()[0]
+    key = f"{device.platform}|{device.device_kind}|{os.cpu_count()}|{jnp.dtype(dtype).name}"
+    path = _peak_cache_file()
+    try:
+        stored = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        stored = {}
+    best = max(measure_peak_matmul_flops(2048, dtype, repeats=repeats), float(stored.get(key, 0.0)))
+    if best > float(stored.get(key, 0.0)):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({**stored, key: best}, indent=1, sort_keys=True))
+        except OSError:
+            pass  # a read-only home: the measurement still serves this run
+    devices = 1 if device.platform == "cpu" else jax.device_count()
+    return best * devices

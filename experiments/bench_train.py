@@ -18,14 +18,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from hackable_diffusion import experiment as exp_lib
-from hackable_diffusion import recipes
+from hackable_diffusion import builders, recipes
 from hackable_diffusion.diffusion import objectives as obj_lib
 from hackable_diffusion.diffusion.processes import MaskingProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
-from hackable_diffusion.models.param_count import count_params
+from hackable_diffusion.models.param_count import count_params, training_flops_per_token
 from hackable_diffusion.training import metrics, optimizers
 from hackable_diffusion.training.train_state import TrainState, make_train_step
 
@@ -45,7 +44,7 @@ def main():
     ]
     shape["compute_dtype"] = args.dtype
     config = recipes.text_config("shakespeare", "masking" if args.objective == "block" else "none", model=shape)
-    model = exp_lib.build_model(config, shape["vocab_size"])
+    model = builders.build_model(config, shape["vocab_size"])
     if args.objective == "ar":
         objective, passes = obj_lib.AutoregressiveObjective(model), 1.0
     else:
@@ -85,7 +84,7 @@ def main():
     peak_after = metrics.measure_peak_matmul_flops(2048, jnp.float32 if args.dtype == "float32" else jnp.bfloat16)
     step_s = float(np.median(times))
     tok_s = args.batch * args.seq_len / step_s
-    flops_tok = exp_lib.flops_per_token(model, args.seq_len) * passes
+    flops_tok = training_flops_per_token(model.cfg, args.seq_len) * passes
     model_flops = tok_s * flops_tok
     peak_flops = max(peak, peak_after)
     counts = count_params(model.cfg)

@@ -1,7 +1,7 @@
-"""Builds the Hugging Face parity fixtures under tests/data/ from the real `transformers` implementation.
+"""Builds the Hugging Face parity fixtures under tests/fixtures/ from the real `transformers` implementation.
 
   pip install transformers==5.23.0 torch safetensors        # not a dependency of the package or of CI
-  python experiments/make_hf_fixtures.py [--out tests/data]
+  python experiments/make_hf_fixtures.py [--out tests/fixtures]
   python experiments/make_hf_fixtures.py --verify_export DIR  # load a directory the toolbox exported, compare logits
 
 Writes two tiny random checkpoints with `save_pretrained` and the arrays their reference forward passes produce:
@@ -306,7 +306,7 @@ def verify_export(directory: pathlib.Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="tests/data")
+    parser.add_argument("--out", default="tests/fixtures")
     parser.add_argument("--verify_export", default="", help="a directory exported by the toolbox to load and check")
     args = parser.parse_args()
     if args.verify_export:

@@ -19,40 +19,9 @@ training loss at that level (`diffusion_loss`; `loss` for an autoregressive run)
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
-import numpy as np
-
-
-def routing_at_levels(exp, params, levels, num_batches: int, seed: int = 0) -> list[dict]:
-    """One record per noise level (a single `None` level for an autoregressive run): the MoE statistics of
-    `exp.objective` on `num_batches` validation batches corrupted at exactly that level, averaged over batches."""
-    import jax
-    import jax.numpy as jnp
-
-    from hackable_diffusion.data import text as text_lib
-
-    bad = [level for level in levels if not 0.0 <= level <= 1.0]
-    if bad:
-        raise ValueError(f"noise levels must lie in [0, 1], got {bad}.")
-    batch_size = exp.config.data.batch_size
-    batches = text_lib.make_eval_batches(exp.data.eval_sequences[: num_batches * batch_size], batch_size)
-    records = []
-    for level in [None] if exp.is_autoregressive else levels:
-        objective = exp.objective
-        if level is not None:
-            objective = dataclasses.replace(objective, time_sampler=lambda key, b, t=level: jnp.full((b,), t))
-        step_fn = jax.jit(objective)
-        loss_key = "loss" if level is None else "diffusion_loss"
-        totals = {}
-        for i, batch in enumerate(batches):
-            _, metrics = step_fn(params, batch, jax.random.key(seed + i))
-            for key in ("moe_dropped_fraction", "moe_load_balance_loss", "moe_router_z_loss", loss_key):
-                totals.setdefault(key, []).append(float(metrics[key]))
-        record = {"noise_level": level, "batches": len(batches)}
-        records.append(record | {k: float(np.mean(v)) for k, v in totals.items()})
-    return records
+from hackable_diffusion.noise_level_analysis import routing_at_levels
 
 
 def main():
@@ -66,7 +35,7 @@ def main():
     )
     args = parser.parse_args()
 
-    from hackable_diffusion import cli
+    from hackable_diffusion import cli, pretrained
     from hackable_diffusion import experiment as exp_lib
 
     cli.quiet_library_logs()
@@ -78,7 +47,7 @@ def main():
     if args.capacity_factor:
         config.model.moe.capacity_factor = args.capacity_factor
     exp = exp_lib.build(config, args.workdir)
-    params, step = exp_lib.load_params(exp, args.workdir)
+    params, step = pretrained.load_params(exp, args.workdir)
     levels = [float(x) for x in args.levels.split(",")]
     try:
         records = routing_at_levels(exp, params, levels, args.batches, args.seed)

@@ -126,10 +126,11 @@ def main():
 
     if args.workdir:
         from hackable_diffusion import experiment as exp_lib
+        from hackable_diffusion import pretrained
 
         exp = exp_lib.from_workdir(args.workdir)
         model = exp.model
-        params, _ = exp_lib.load_params(exp, args.workdir)
+        params, _ = pretrained.load_params(exp, args.workdir)
         source = args.workdir
     else:
         model = T.Transformer(TransformerConfig.from_dict(getattr(presets, args.preset)(vocab_size=128)))

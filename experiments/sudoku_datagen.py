@@ -1,6 +1,6 @@
 """Generate a Sudoku dataset into a cache folder and print one JSON line with counts and throughput.
 
-Uses `hackable_diffusion.data.sudoku.generate_dataset` (randomised-DFS full grids, random cell removal, optional
+Uses `hackable_diffusion.tasks.sudoku.generator.generate_dataset` (randomised-DFS full grids, random cell removal, optional
 uniqueness; puzzle i depends only on (seed, i)). Example:
 
   .venv/bin/python experiments/sudoku_datagen.py --n 20000 --givens 24 50 --seed 0 --unique --cache_dir /tmp/sudoku
@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from hackable_diffusion.data import sudoku
+from hackable_diffusion.tasks.sudoku import generator
 
 
 def _cpu_seconds() -> float:
@@ -51,11 +51,13 @@ def main() -> None:
     args = parser.parse_args()
 
     cache_dir = None if args.cache_dir.lower() == "none" else args.cache_dir
-    path = sudoku.dataset_cache_path(args.n, tuple(args.givens), args.seed, args.unique, cache_dir, args.max_attempts)
+    path = generator.dataset_cache_path(
+        args.n, tuple(args.givens), args.seed, args.unique, cache_dir, args.max_attempts
+    )
     from_cache = path is not None and path.exists()
     start = time.perf_counter()
     cpu_start = _cpu_seconds()
-    data = sudoku.generate_dataset(
+    data = generator.generate_dataset(
         args.n,
         tuple(args.givens),
         seed=args.seed,

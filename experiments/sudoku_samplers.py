@@ -12,13 +12,13 @@ the entropy bound (gamma sweep) and the confidence threshold (tau sweep), plus t
 setting at the 12- and 81-step budgets (`KAGGLE_BUDGETS`) and by the AR model, on a seeded random subset of
 `--kaggle_limit` puzzles, split by its `level` column; the best setting is also run on `--kaggle_best_limit`
 puzzles (0: the whole file). The adaptive rules (entropy bound, threshold) get at most 12 steps here; below that
-they stop as soon as no blank is left. The repair rows (`sampler.repair_rounds`, more compute at inference) blank
+they stop as soon as no blank is left. The repair rows (`config.solver.repair_rounds`, more compute at inference) blank
 every cell that repeats a digit in its row, column or box after a decode and re-decode those cells, for up to R more
-rounds; their forward passes per puzzle include every round. The restart rows (`sampler.restarts`) solve a puzzle
+rounds; their forward passes per puzzle include every round. The restart rows (`config.solver.restarts`) solve a puzzle
 whose grid still breaks a rule again from scratch, tokens at `RESTART_TEMPERATURE` and the decision order shuffled by
-Gumbel noise on the margin scores (`RESTART_SELECTION_KWARGS`), up to K times; every attempt's passes count.
-The views rows (`sampler.views`) average the model over K relabelled copies of the grid at every pass (the same
-passes, K times the network evaluations). The parallel-attempts rows (`sampler.parallel_attempts`) solve K symmetric
+Gumbel noise on the margin scores (`RESTART_GUMBEL_SCALE`), up to K times; every attempt's passes count.
+The views rows (`config.solver.views`) average the model over K relabelled copies of the grid at every pass (the same
+passes, K times the network evaluations). The parallel-attempts rows (`config.solver.parallel_attempts`) solve K symmetric
 copies of each puzzle side by side and keep one that abides by the rules (passes: the slowest copy's; network
 evaluations: all K).
 `--merge` adds the chosen settings to an existing table of the same checkpoint and sets. `--resume_from LOG` takes
@@ -41,78 +41,73 @@ import numpy as np
 
 from hackable_diffusion import cli
 
-SETTINGS = [  # (label, selection, selection_kwargs, step budget[, repairs[, restarts[, constraint[, views[, attempts]]]]])
-    ("ancestral", "ancestral", "", 12),
-    ("ancestral", "ancestral", "", 24),
-    ("top-probability", "top_k_top_probability", "", 12),
-    ("top-prob. margin", "top_k_margin", "", 6),
-    ("top-prob. margin", "top_k_margin", "", 12),
-    ("top-prob. margin", "top_k_margin", "", 24),
-    ("top-prob. margin", "top_k_margin", "", 81),  # more compute at inference: about one cell per pass
-    ("entropy", "top_k_entropy", "", 12),
-    ("entropy bound g=0.1", "entropy_bound", '{"gamma": 0.1}', 12),
-    ("entropy bound g=1", "entropy_bound", '{"gamma": 1.0}', 12),
-    ("threshold t=0.9", "threshold", '{"tau": 0.9}', 12),
-    ("threshold t=0.5", "threshold", '{"tau": 0.5}', 12),
-    ("ReMDM cap eta=0.008", "remdm_cap", "", 24),  # remasking (Wang et al. 2025) on ancestral unmasking
-    # Repair (sampler.repair_rounds): re-decode the cells that break a Sudoku rule, up to R more rounds
-    ("margin + 2 repairs", "top_k_margin", "", 12, 2),
-    ("margin + 8 repairs", "top_k_margin", "", 24, 8),
-    ("margin + 8 repairs", "top_k_margin", "", 81, 8),
-    # Restarts (sampler.restarts): solve a grid that still breaks a rule again from the puzzle (see RESTART_*)
-    ("margin + 4 restarts", "top_k_margin", "", 12, 0, 4),
-    ("margin + 4 restarts", "top_k_margin", "", 81, 0, 4),
-    # Also decide every cell whose margin reaches 0.99 (selection.TopK.also_above): fewer passes, adaptive
-    ("margin + sure cells >= 0.99", "top_k_margin", '{"also_above": 0.99}', 12),
-    # The rules as a logit constraint (sampler.constraint="sudoku"): no digit a decided peer holds (constraints.py)
-    ("margin + rules", "top_k_margin", "", 12, 0, 0, "sudoku"),
-    ("margin + rules", "top_k_margin", "", 81, 0, 0, "sudoku"),
-    ("ancestral + rules", "ancestral", "", 12, 0, 0, "sudoku"),
-    ("margin + rules + 4 restarts", "top_k_margin", "", 12, 0, 4, "sudoku"),
-    ("margin + rules", "top_k_margin", "", 6, 0, 0, "sudoku"),
+SETTINGS = [  # (label, selection, its arguments, step budget[, repairs[, restarts[, rules[, views[, attempts]]]]])
+    ("ancestral", "ancestral", {}, 12),
+    ("ancestral", "ancestral", {}, 24),
+    ("top-probability", "top_k_top_probability", {}, 12),
+    ("top-prob. margin", "top_k_margin", {}, 6),
+    ("top-prob. margin", "top_k_margin", {}, 12),
+    ("top-prob. margin", "top_k_margin", {}, 24),
+    ("top-prob. margin", "top_k_margin", {}, 81),  # more compute at inference: about one cell per pass
+    ("entropy", "top_k_entropy", {}, 12),
+    ("entropy bound g=0.1", "entropy_bound", {"gamma": 0.1}, 12),
+    ("entropy bound g=1", "entropy_bound", {"gamma": 1.0}, 12),
+    ("threshold t=0.9", "threshold", {"tau": 0.9}, 12),
+    ("threshold t=0.5", "threshold", {"tau": 0.5}, 12),
+    ("ReMDM cap eta=0.008", "remdm_cap", {}, 24),  # remasking (Wang et al. 2025) on ancestral unmasking
+    # Repair (config.solver.repair_rounds): re-decode the cells that break a Sudoku rule, up to R more rounds
+    ("margin + 2 repairs", "top_k_margin", {}, 12, 2),
+    ("margin + 8 repairs", "top_k_margin", {}, 24, 8),
+    ("margin + 8 repairs", "top_k_margin", {}, 81, 8),
+    # Restarts (config.solver.restarts): solve a grid that still breaks a rule again from the puzzle (see RESTART_*)
+    ("margin + 4 restarts", "top_k_margin", {}, 12, 0, 4),
+    ("margin + 4 restarts", "top_k_margin", {}, 81, 0, 4),
+    # Also decide every cell whose margin reaches 0.99 (config.sampler.selection.also_above): fewer passes, adaptive
+    ("margin + sure cells >= 0.99", "top_k_margin", {"also_above": 0.99}, 12),
+    # The rules as a logit constraint (config.solver.rules): no digit a decided peer holds (tasks/sudoku/rules.py)
+    ("margin + rules", "top_k_margin", {}, 12, 0, 0, True),
+    ("margin + rules", "top_k_margin", {}, 81, 0, 0, True),
+    ("ancestral + rules", "ancestral", {}, 12, 0, 0, True),
+    ("margin + rules + 4 restarts", "top_k_margin", {}, 12, 0, 4, True),
+    ("margin + rules", "top_k_margin", {}, 6, 0, 0, True),
     # Rules + sure cells, up to one cell per pass: passes adapt to the puzzle (mean and max are both reported)
-    ("margin + rules + sure >= 0.99", "top_k_margin", '{"also_above": 0.99}', 81, 0, 0, "sudoku"),
-    ("margin + rules + sure >= 0.99", "top_k_margin", '{"also_above": 0.99}', 12, 0, 0, "sudoku"),
-    # Symmetry views (sampler.views="sudoku:K", views.py): each pass averages the model over K relabelled grids
-    ("margin + 8 symmetry views", "top_k_margin", "", 12, 0, 0, "", "sudoku:8"),
-    ("margin + rules + sure >= 0.99 + 8 views", "top_k_margin", '{"also_above": 0.99}', 81, 0, 0, "sudoku", "sudoku:8"),
-    # Parallel attempts (sampler.parallel_attempts=K): K symmetric copies solved side by side, one that abides kept
-    ("margin + rules + sure >= 0.99 + 8 attempts", "top_k_margin", '{"also_above": 0.99}', 12, 0, 0, "sudoku", "", 8),
+    ("margin + rules + sure >= 0.99", "top_k_margin", {"also_above": 0.99}, 81, 0, 0, True),
+    ("margin + rules + sure >= 0.99", "top_k_margin", {"also_above": 0.99}, 12, 0, 0, True),
+    # Symmetry views (config.solver.views=K, tasks/sudoku/symmetry.py): each pass averages the model over K relabelled grids
+    ("margin + 8 symmetry views", "top_k_margin", {}, 12, 0, 0, False, 8),
+    ("margin + rules + sure >= 0.99 + 8 views", "top_k_margin", {"also_above": 0.99}, 81, 0, 0, True, 8),
+    # Parallel attempts (config.solver.parallel_attempts=K): K symmetric copies solved side by side, one that abides kept
+    ("margin + rules + sure >= 0.99 + 8 attempts", "top_k_margin", {"also_above": 0.99}, 12, 0, 0, True, 1, 8),
 ]
 # Restart attempts draw tokens at T 1 and add Gumbel noise (scale 0.1) to the margin scores, so that they decide cells
 # in another order. Tuned on generated:24-29:200:11 (not an evaluation set), margin 81 + 4 restarts: no restart 62.5%;
 # T 0.5 62.5%, T 1 64.5%; T 1 with Gumbel 0.1 74.0%, 0.3 66.0%.
 RESTART_TEMPERATURE = 1.0
-RESTART_SELECTION_KWARGS = '{"gumbel_scale": 0.1}'
+RESTART_GUMBEL_SCALE = 0.1
 KAGGLE_BUDGETS = (12, 81)  # step budgets also scored on the Kaggle subset
 # The markdown's note under the table for each option some row used (row key -> paragraph)
 ROW_NOTES = {
-    "constraint": 'Rows with "rules": the Sudoku rule as a logit constraint (`sampler.constraint=sudoku`): at every '
+    "rules": 'Rows with "rules": the Sudoku rule as a logit constraint (`config.solver.rules=True`): at every '
     "step a cell may not take a digit that a given or decided cell of its row, column or box holds, so the model's "
     "probabilities are renormalised over the legal digits before sampling and ranking. Inference-time use of the "
     "rules, like restarts; the other rows use the model alone.",
     "views": 'Rows with "views": every pass runs the model on K relabelled copies of the grid in one batch (bands, '
-    "stacks, rows and columns inside them permuted, transposed, digits relabelled; `sampler.views=sudoku:K`) and "
+    "stacks, rows and columns inside them permuted, transposed, digits relabelled; `config.solver.views=K`) and "
     "decides from the mean of their log-probabilities mapped back: the same passes, K times the network evaluations "
     "(`network_evaluations_per_puzzle` in the JSON).",
     "parallel_attempts": 'Rows with "parallel attempts": K symmetric copies of each puzzle (the same group as the views, '
     "another seed; copy 0 the puzzle itself) are solved side by side in the same batches, each grid is mapped back, "
-    "and the first that is complete, keeps the givens and breaks no rule is kept (`sampler.parallel_attempts=K`). "
+    "and the first that is complete, keeps the givens and breaks no rule is kept (`config.solver.parallel_attempts=K`). "
     "The passes shown are the slowest copy's (the copies run in lockstep, so this is the sequential depth); the "
     "network evaluations add all K copies (`network_evaluations_per_puzzle` in the JSON).",
 }
 
 
-def load_set(spec: str, train_seed: int, config) -> dict:
-    from hackable_diffusion.evaluate import _training_puzzle_overlap, load_sudoku_puzzles
+def load_set(puzzle_set, config) -> dict:
+    from hackable_diffusion.tasks.sudoku.data import load_held_out
 
-    data = load_sudoku_puzzles(spec, train_seed=train_seed, cache_dir=config.data.get("cache_dir") or "default")
-    seen = _training_puzzle_overlap(config, data["puzzles"])
-    dropped = 0
-    if seen is not None and seen.any():
-        dropped = int(seen.sum())
-        data = {k: v[~seen] for k, v in data.items()}
-    data["dropped_as_in_training"] = dropped
+    data, dropped = load_held_out(puzzle_set, config)
+    data["dropped_as_in_training"] = dropped or 0
     return data
 
 
@@ -122,17 +117,17 @@ def random_subset(data: dict, n: int, seed: int) -> dict:
     return {k: (v[pick] if isinstance(v, np.ndarray) else v) for k, v in data.items()}
 
 
-def score(exp, params, data, overrides, batch_size=250) -> dict:
-    from hackable_diffusion import experiment as exp_lib
+def score(exp, params, data, config, batch_size=250) -> dict:
+    from hackable_diffusion.tasks.sudoku.task import evaluate_puzzles
 
-    out = exp_lib.evaluate_sudoku(
+    out = evaluate_puzzles(
         exp,
         params,
         data["puzzles"],
         data["solutions"],
         levels=data.get("level"),
         batch_size=batch_size,
-        sampler_overrides=overrides,
+        config=config,
     )
     keep = (
         "accuracy",
@@ -149,11 +144,57 @@ def score(exp, params, data, overrides, batch_size=250) -> dict:
     return row
 
 
-def speed(exp, params, puzzles, overrides, batch: int, count: int) -> float:
-    from hackable_diffusion import experiment as exp_lib
+def speed(exp, params, puzzles, config, batch: int, count: int) -> float:
+    from hackable_diffusion.tasks.sudoku.solve import solve_puzzles
 
-    solution = exp_lib.solve_sudoku(exp, params, puzzles[:count], batch_size=batch, sampler_overrides=overrides)
+    solution = solve_puzzles(exp, params, puzzles[:count], batch_size=batch, config=config)
     return len(puzzles[:count]) / solution.seconds
+
+
+def row_rules(row: dict) -> bool:
+    """Rows store `rules` (older tables: `constraint="sudoku"`)."""
+    return bool(row.get("rules", row.get("constraint") == "sudoku"))
+
+
+def row_views(row: dict) -> int:
+    """Rows store `views` as a count (older tables: `"sudoku:K"`, or "" for none)."""
+    views = row.get("views") or 1
+    return int(views.rsplit(":", 1)[-1]) if isinstance(views, str) else int(views)
+
+
+def restart_gumbel_scale(row: dict) -> float:
+    """Rows store `restart_gumbel_scale` (older tables: `restart_selection_kwargs`, a JSON string)."""
+    if "restart_gumbel_scale" in row:
+        return float(row["restart_gumbel_scale"])
+    return float(json.loads(row.get("restart_selection_kwargs") or "{}").get("gumbel_scale", 0.0))
+
+
+def row_selection_args(row: dict) -> dict:
+    """Rows store the selection rule's arguments as a dict (older tables: a JSON string)."""
+    args = row.get("kwargs") or {}
+    return json.loads(args) if isinstance(args, str) else dict(args)
+
+
+def config_of(base, row: dict, temperature: float):
+    """The run's config with the row's sampler (`config.sampler`) and solver (`config.solver`) settings."""
+    from hackable_diffusion import recipes
+    from hackable_diffusion.tasks.sudoku.recipes import solver_section
+
+    config = base.copy_and_resolve_references()
+    config.sampler.selection = recipes.selection(row["selection"], **row_selection_args(row))
+    config.sampler.num_steps = int(row["max_steps"])
+    if temperature:
+        config.sampler.min_temperature = config.sampler.max_temperature = temperature
+    config.solver = solver_section(
+        rules=row_rules(row),
+        views=row_views(row),
+        parallel_attempts=int(row.get("parallel_attempts", 1)),
+        repair_rounds=int(row.get("repair_rounds", 0)),
+        restarts=int(row.get("restarts", 0)),
+        restart_temperature=RESTART_TEMPERATURE,
+        restart_gumbel_scale=RESTART_GUMBEL_SCALE,
+    )
+    return config
 
 
 def main():
@@ -188,42 +229,30 @@ def main():
     args = parser.parse_args()
 
     from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion import pretrained
+    from hackable_diffusion.tasks.sudoku.data import GeneratedPuzzles, PuzzleFile
 
     cli.quiet_library_logs()
     exp = exp_lib.from_workdir(args.workdir)
-    params, step = exp_lib.load_params(exp, args.workdir)
-    seed = int(exp.config.data.generator_seed)
+    params, step = pretrained.load_params(exp, args.workdir)
     if args.merge:  # check before hours of solving that the rows will belong to the stored table
         check_merge(pathlib.Path(args.out) / "samplers.json", args, step)
-    sets = {
-        "a_30_36": load_set(f"generated:30-36:{args.num}:7", seed, exp.config),
-        "b_24_29": load_set(f"generated:24-29:{args.num}:8", seed, exp.config),
+    puzzle_sets = {
+        "a_30_36": GeneratedPuzzles((30, 36), args.num, 7),
+        "b_24_29": GeneratedPuzzles((24, 29), args.num, 8),
     }
+    sets = {name: load_set(puzzle_set, exp.config) for name, puzzle_set in puzzle_sets.items()}
     kaggle = None
     if args.kaggle:
-        kaggle = load_set(args.kaggle, seed, exp.config)
+        kaggle = load_set(PuzzleFile(args.kaggle), exp.config)
     kaggle_subset = kaggle
     if kaggle is not None and args.kaggle_limit and args.kaggle_limit < len(kaggle["puzzles"]):
         # a seeded random subset (the file is sorted by level) for the sweep; the best setting gets the whole file
         kaggle_subset = random_subset(kaggle, args.kaggle_limit, seed=0)
     chosen = [SETTINGS[int(i)] for i in args.settings.split(",")] if args.settings else SETTINGS
-    # --temperature: the same sampling temperature for every setting (otherwise the run's config)
-    temperature = dict(min_temperature=args.temperature, max_temperature=args.temperature) if args.temperature else {}
 
-    def overrides_of(row: dict) -> dict:
-        return {
-            "selection": row["selection"],
-            "selection_kwargs": row["kwargs"],
-            "num_steps": row["max_steps"],
-            "repair_rounds": row.get("repair_rounds", 0),
-            "restarts": row.get("restarts", 0),
-            "restart_temperature": RESTART_TEMPERATURE,
-            "restart_selection_kwargs": RESTART_SELECTION_KWARGS,
-            "constraint": row.get("constraint", ""),
-            "views": row.get("views", ""),
-            "parallel_attempts": row.get("parallel_attempts", 1),
-            **temperature,
-        }
+    def overrides_of(row: dict):
+        return config_of(exp.config, row, args.temperature)
 
     done = rows_printed(pathlib.Path(args.resume_from), step) if args.resume_from else {}
     rows = []
@@ -236,14 +265,14 @@ def main():
             "max_steps": steps,
             "repair_rounds": more[0] if more else 0,
             "restarts": more[1] if len(more) > 1 else 0,
-            "constraint": more[2] if len(more) > 2 else "",
-            "views": more[3] if len(more) > 3 else "",
+            "rules": more[2] if len(more) > 2 else False,
+            "views": more[3] if len(more) > 3 else 1,
         }
         if len(more) > 4 and more[4] > 1:  # only when used, so that rows printed before the option keep their key
             row["parallel_attempts"] = more[4]
         if row["restarts"]:
             row["restart_temperature"] = RESTART_TEMPERATURE
-            row["restart_selection_kwargs"] = RESTART_SELECTION_KWARGS
+            row["restart_gumbel_scale"] = RESTART_GUMBEL_SCALE
         if (key := setting_key(row)) in done:
             print(f"resumed: {label} <= {steps} from {args.resume_from}", flush=True)
             rows.append(done[key])
@@ -262,7 +291,7 @@ def main():
     ar_row, ar = None, None
     if args.ar_workdir and pathlib.Path(args.ar_workdir).exists() and not args.merge:
         ar = exp_lib.from_workdir(args.ar_workdir)
-        ar_params, ar_step = exp_lib.load_params(ar, args.ar_workdir)
+        ar_params, ar_step = pretrained.load_params(ar, args.ar_workdir)
         ar_row = {
             "model": "autoregressive",
             "sampler": "greedy, left to right",
@@ -272,9 +301,9 @@ def main():
             "checkpoint_step": ar_step,
         }
         for name, data in sets.items():
-            ar_row[name] = score(ar, ar_params, data, {})
+            ar_row[name] = score(ar, ar_params, data, ar.config)
         if kaggle is not None:
-            ar_row["kaggle"] = score(ar, ar_params, kaggle_subset, {})
+            ar_row["kaggle"] = score(ar, ar_params, kaggle_subset, ar.config)
         print(json.dumps(ar_row), flush=True)
 
     out = pathlib.Path(args.out)
@@ -310,7 +339,7 @@ def main():
                 d, a = [], []
                 for _ in range(2):
                     d.append(speed(exp, params, puzzles, overrides, batch, count))
-                    a.append(speed(ar, ar_params, puzzles, {}, batch, count))
+                    a.append(speed(ar, ar_params, puzzles, ar.config, batch, count))
                 line = {
                     "batch": batch,
                     "puzzles": count,
@@ -334,11 +363,11 @@ def main():
         "score_temperature": float(exp.config.sampler.score_temperature),
         "sets": {
             name: {
-                "spec": spec,
+                "puzzles_from": puzzle_sets[name].label,
                 "puzzles": int(len(d["puzzles"])),
                 "dropped_as_in_training": d["dropped_as_in_training"],
             }
-            for (name, d), spec in zip(sets.items(), (f"generated:30-36:{args.num}:7", f"generated:24-29:{args.num}:8"))
+            for name, d in sets.items()
         },
         "kaggle": None
         if kaggle is None
@@ -360,18 +389,16 @@ def main():
 SETTING_KEYS = (
     "sampler",
     "selection",
-    "kwargs",
     "max_steps",
     "repair_rounds",
     "restarts",
-    "constraint",
-    "views",
     "parallel_attempts",
 )
 
 
 def setting_key(row: dict) -> tuple:
-    return tuple(row.get(k, "") for k in SETTING_KEYS)
+    key = tuple(row.get(k, "") for k in SETTING_KEYS)
+    return key + (json.dumps(row_selection_args(row), sort_keys=True), row_rules(row), row_views(row))
 
 
 def rows_printed(log: pathlib.Path, step: int) -> dict[tuple, dict]:
@@ -413,7 +440,9 @@ def check_merge(path: pathlib.Path, args, step: int) -> dict:
             f"step {step}; run without --merge to make a new table."
         )
     stored = {
-        "num": result["sets"]["a_30_36"]["spec"].split(":")[2],
+        "num": str(result["sets"]["a_30_36"]["puzzles_from"].split(", ")[1].split()[0])
+        if "puzzles_from" in result["sets"]["a_30_36"]
+        else result["sets"]["a_30_36"]["spec"].split(":")[2],  # tables made before `puzzles_from`
         "kaggle_limit": (result.get("kaggle") or {}).get("puzzles_in_sweep"),
         "temperature": result.get("sampling_temperature"),
     }
@@ -467,7 +496,7 @@ def write_markdown(result: dict, path: pathlib.Path):
         cells = []
         for name in ("a_30_36", "b_24_29", "kaggle"):
             s = r.get(name)
-            adaptive = s and "also_above" in r.get("kwargs", "") and "max_forward_passes_per_puzzle" in s
+            adaptive = s and "also_above" in row_selection_args(r) and "max_forward_passes_per_puzzle" in s
             passes = f"{s['forward_passes_per_puzzle']:.1f}" if s else ""
             passes += f", max {s['max_forward_passes_per_puzzle']}" if adaptive else ""
             cells.append(f"{_pct(s['accuracy'])} ({passes})" if s else "–")
@@ -477,14 +506,19 @@ def write_markdown(result: dict, path: pathlib.Path):
         lines += [
             "",
             "Restart rows: a grid that still breaks a rule is solved again from the puzzle, tokens drawn at "
-            f"temperature {', '.join(f'{t:g}' for t in restart_temperatures)} (`sampler.restart_temperature`) "
-            "with the selection arguments "
-            + ", ".join(sorted({f"`{r.get('restart_selection_kwargs') or '{}'}`" for r in rows if r.get("restarts")}))
-            + " (`sampler.restart_selection_kwargs`: Gumbel noise on the ranking scores, so that an attempt decides "
-            "cells in another order); the passes include every attempt.",
+            f"temperature {', '.join(f'{t:g}' for t in restart_temperatures)} (`config.solver.restart_temperature`) "
+            "with Gumbel noise of scale "
+            + ", ".join(sorted({f"{restart_gumbel_scale(r):g}" for r in rows if r.get("restarts")}))
+            + " on the ranking scores (`config.solver.restart_gumbel_scale`), so that an attempt decides cells in "
+            "another order; the passes include every attempt.",
         ]
+    used = {
+        "rules": row_rules,
+        "views": lambda r: row_views(r) > 1,
+        "parallel_attempts": lambda r: r.get("parallel_attempts", 1) > 1,
+    }
     for key, note in ROW_NOTES.items():  # one paragraph per inference-time option that some row used
-        if any(r.get(key) for r in rows):
+        if any(used[key](r) for r in rows):
             lines += ["", note]
     full = (result.get("kaggle") or {}).get("full_file_best")
     if full:

@@ -44,11 +44,11 @@ def tokens_seen(config) -> int:
 
 
 def likelihood(exp, params, max_repeats: int) -> dict:
-    from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.tasks import text
 
     runs = []
     while True:
-        runs.append(exp_lib.evaluate_likelihood(exp, params, seed=len(runs)))
+        runs.append(text.evaluate_likelihood(exp, params, seed=len(runs)))
         if exp.is_autoregressive:
             break
         if len(runs) >= 3:  # at least three passes for the SE estimate itself
@@ -73,15 +73,15 @@ def likelihood(exp, params, max_repeats: int) -> dict:
 
 
 def sample_and_score(exp, params, ar, ar_params, num_samples: int, new_tokens: int, seed: int = 0) -> dict:
-    from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.data.tokenizers import BOS_ID
+    from hackable_diffusion.tasks import text
 
     prompts = [exp.config.sampler.prompt] * num_samples
-    exp_lib.sample_texts(exp, params, prompts, seed=seed + 1, max_new_tokens=new_tokens)  # compile
+    text.sample_texts(exp, params, prompts, seed=seed + 1, max_new_tokens=new_tokens)  # compile
     start = time.perf_counter()
-    texts, result = exp_lib.sample_texts(exp, params, prompts, seed=seed, max_new_tokens=new_tokens)
+    texts, result = text.sample_texts(exp, params, prompts, seed=seed, max_new_tokens=new_tokens)
     seconds = time.perf_counter() - start
-    out = exp_lib.generative_perplexity(
+    out = text.generative_perplexity(
         ar, ar_params, [[BOS_ID] + ar.tokenizer.encode(p) for p in prompts], [ar.tokenizer.encode(t) for t in texts]
     )
     out["tokens_per_s"] = float(np.sum(result.lengths)) / seconds
@@ -107,11 +107,12 @@ def main():
 
     from hackable_diffusion import cli
     from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion import pretrained, recipes
     from hackable_diffusion.training import metrics
 
     cli.quiet_library_logs()
     ar = exp_lib.from_workdir(args.ar)
-    ar_params, _ = exp_lib.load_params(ar, args.ar)
+    ar_params, _ = pretrained.load_params(ar, args.ar)
     report = {
         "command": cli.argparse_command("experiments/text_report.py", args),
         "runs": {},
@@ -122,7 +123,7 @@ def main():
         report["merged"] = "rows merged into an earlier report of the other runs"
     for workdir in [w for w in args.runs.split(",") if w]:
         exp = exp_lib.from_workdir(workdir)
-        params, step = exp_lib.load_params(exp, workdir)
+        params, step = pretrained.load_params(exp, workdir)
         name = pathlib.Path(workdir).name
         row = {
             "workdir": workdir,
@@ -136,13 +137,11 @@ def main():
         if not exp.is_autoregressive and not args.no_sweep:
             sweep = []
             for steps, gamma, min_count in SWEEP:
-                selection_kwargs = {"gamma": gamma} | ({"min_count": min_count} if min_count else {})
-                over = {
-                    "num_steps": steps,
-                    "selection": "entropy_bound",
-                    "selection_kwargs": json.dumps(selection_kwargs),
-                }
-                swept = dataclasses.replace(exp, config=exp_lib.with_sampler_overrides(exp.config, over))
+                selection = recipes.selection(
+                    "entropy_bound", gamma=gamma, **({"min_count": min_count} if min_count else {})
+                )
+                over = {"sampler.num_steps": steps, "sampler.selection": selection}
+                swept = dataclasses.replace(exp, config=cli.override(exp.config, over))
                 point = sample_and_score(swept, params, ar, ar_params, args.num_samples, args.new_tokens)
                 point.update(num_steps=steps, gamma=gamma, min_count=min_count)
                 point.pop("sample")

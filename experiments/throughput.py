@@ -15,10 +15,10 @@ models the step count is fixed (`--fixed_steps`, default 16: the 12–16 steps p
 with early stopping) with early stopping off; the value is printed in every line. With `--diffusion_workdir RUN
 --ar_workdir RUN` the trained small models are measured first (the diffusion run's own sampler with early stopping on,
 generative perplexity of both decoders' text under the AR run), and the large models then use the trained run's mean
-steps per canvas (`--sampler KEY=VALUE` overrides the diffusion run's sampler, e.g. a step budget):
+steps per canvas (`--config.<path>=value` overrides the diffusion run's saved config, e.g. a step budget):
 
   python experiments/throughput.py --diffusion_workdir runs/shakespeare_masking --ar_workdir runs/shakespeare_ar \
-      --sampler num_steps=12 --sampler 'selection_kwargs={"gamma": 0.1, "min_count": "even"}'
+      --config.sampler.num_steps=12 --config.sampler.selection.gamma=0.1 --config.sampler.selection.min_count=even
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 
 import jax
@@ -123,22 +124,23 @@ def measure_trained(args, repeats: int) -> float:
     """The trained small models: the diffusion run's own sampler (entropy bound, annealed temperature, early
     stopping, its trained canvas length) vs AR decoding of the AR run (its own temperature); tokens/s side by side, and the
     generative perplexity of both decoders' text under the AR run. Returns the diffusion run's mean steps/canvas."""
+    from hackable_diffusion import builders, cli, pretrained
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion.data.tokenizers import BOS_ID
+    from hackable_diffusion.data.tokenizers import BOS_ID, NEVER_GENERATED
+    from hackable_diffusion.tasks import text
 
     dif = exp_lib.from_workdir(args.diffusion_workdir)
-    if args.sampler:
-        overrides = dict(item.split("=", 1) for item in args.sampler)  # KEY=VALUE, cast to the key's type
-        dif = dataclasses.replace(dif, config=exp_lib.with_sampler_overrides(dif.config, overrides))
+    if args.config_overrides:
+        dif = dataclasses.replace(dif, config=cli.parse_config_overrides(dif.config, args.config_overrides))
     ar = exp_lib.from_workdir(args.ar_workdir)
     if dif.is_autoregressive or not ar.is_autoregressive:
         raise SystemExit("--diffusion_workdir must be a diffusion run and --ar_workdir an autoregressive run.")
     if dif.model.cfg.replace(self_conditioning=False) != ar.model.cfg.replace(self_conditioning=False):
         print("warning: the two runs have different backbone shapes", flush=True)
-    dif_params, dif_step = exp_lib.load_params(dif, args.diffusion_workdir)
-    ar_params, ar_step = exp_lib.load_params(ar, args.ar_workdir)
+    dif_params, dif_step = pretrained.load_params(dif, args.diffusion_workdir)
+    ar_params, ar_step = pretrained.load_params(ar, args.ar_workdir)
     dif_model, ar_model = unrolled(dif.model, args), unrolled(ar.model, args)
-    sampler = exp_lib.build_sampler(dif.config, dif.process)
+    sampler = builders.build_sampler(dif.config, dif.process)
     prompt = dif.config.sampler.prompt
     ids = [BOS_ID] + ar.tokenizer.encode(prompt)
     new_tokens = int(np.ceil(args.new_tokens / sampler.canvas_length) * sampler.canvas_length)
@@ -160,7 +162,7 @@ def measure_trained(args, repeats: int) -> float:
                 max_new_tokens=new_tokens,
                 sampling=gen_lib.ARSampling(temperature=float(ar.config.sampler.ar_temperature)),
                 stop_tokens=(),
-                forbidden_tokens=(0, 2, 3),
+                forbidden_tokens=NEVER_GENERATED,
             )
 
         d_result, a_result = diffusion(), autoregressive()  # compile
@@ -177,7 +179,7 @@ def measure_trained(args, repeats: int) -> float:
             "ar": [ar.tokenizer.decode(np.asarray(r)) for r in a_result.tokens],
         }
         gen = {
-            name: exp_lib.generative_perplexity(
+            name: text.generative_perplexity(
                 ar, ar_params, [ids] * len(t), [ar.tokenizer.encode(x) for x in t], batch_size=max(batch, 1)
             )
             for name, t in texts.items()
@@ -196,7 +198,7 @@ def measure_trained(args, repeats: int) -> float:
             "batch": batch,
             "new_tokens": new_tokens,
             "canvas": sampler.canvas_length,
-            "sampler": f"{dif.config.sampler.selection} {dif.config.sampler.selection_kwargs}, temperature "
+            "sampler": f"{builders.build_selection(dif.config.sampler.selection)}, temperature "
             f"{dif.config.sampler.max_temperature}->{dif.config.sampler.min_temperature}, early stopping "
             f"{dif.config.sampler.early_stopping}, <= {sampler.num_steps} steps",
             "steps_per_canvas": mean_steps,
@@ -254,14 +256,10 @@ def main():
         "--diffusion_workdir", default="", help="a trained diffusion run (e.g. runs/shakespeare_uniform)"
     )
     parser.add_argument("--ar_workdir", default="", help="the trained AR run of the same shape (runs/shakespeare_ar)")
-    parser.add_argument(
-        "--sampler",
-        action="append",
-        default=[],
-        help="KEY=VALUE override of the diffusion run's config.sampler (repeatable), as in evaluate: e.g. "
-        '--sampler num_steps=12 --sampler \'selection_kwargs={"gamma": 0.1, "min_count": "even"}\'',
-    )
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    overrides = [a for a in argv if a.startswith("--config.")]  # of the diffusion run's saved config
+    args = parser.parse_args([a for a in argv if not a.startswith("--config.")])
+    args.config_overrides = overrides
     repeats = 1 if args.quick else args.repeats
     if args.new_tokens is None:
         args.new_tokens = 256 if args.quick else 512

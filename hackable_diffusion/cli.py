@@ -12,6 +12,7 @@ the traceback).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import difflib
 import importlib.util
@@ -57,24 +58,32 @@ def define_config_file_flag(argv: Sequence[str], help_text: str):
 
 def resolve_workdir(workdir: str | None) -> str | None:
     """A run directory for `--workdir`: the directory itself, or for `hf:DIR` (a Hugging Face checkpoint) the run
-    directory that stands for it (`experiment.hf_run_dir`)."""
-    if workdir is None or not workdir.startswith("hf:"):
-        return workdir
-    from hackable_diffusion import experiment
+    directory that stands for it (`pretrained.hf_run_dir`)."""
+    from hackable_diffusion import pretrained
 
-    return str(experiment.hf_run_dir(workdir[len("hf:") :]))
+    if workdir is None or not workdir.startswith(pretrained.HF_PREFIX):
+        return workdir
+    return str(pretrained.hf_run_dir(workdir[len(pretrained.HF_PREFIX) :]))
 
 
 def define_workdir_config_flag(argv: Sequence[str]):
     """`--config.<path>=value` overrides of the run's saved config (sample, evaluate). Without a `--workdir` holding a
-    config.json (`--help`, a dry parse) the base config stands in, so the overrides can still be checked."""
+    config.json (`--help`, a dry parse) the base config (with `--task sudoku`: a Sudoku config) stands in, so the
+    overrides can still be checked."""
     from ml_collections import config_flags
 
     from hackable_diffusion import recipes
 
     workdir = resolve_workdir(flag_value(argv, "workdir"))
     has_config = workdir is not None and (pathlib.Path(workdir) / "config.json").is_file()
-    config = load_saved_config(workdir) if has_config else recipes.base_config()
+    if has_config:
+        config = load_saved_config(workdir)
+    elif flag_value(argv, "task") == "sudoku":  # evaluate --task sudoku: a Sudoku run's sections (config.solver)
+        from hackable_diffusion.tasks.sudoku import recipes as sudoku_recipes
+
+        config = sudoku_recipes.sudoku_config()
+    else:
+        config = recipes.base_config()
     check_overrides(config, argv)
     return config_flags.DEFINE_config_dict(
         "config", config, "The run's saved config; override any key with --config.<path>=value."
@@ -93,6 +102,25 @@ def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) ->
             node = node[name]
         node[leaf] = value
     return config
+
+
+def parse_config_overrides(config: ml_collections.ConfigDict, args: Sequence[str]) -> ml_collections.ConfigDict:
+    """A copy of `config` with `--config.<path>=value` arguments applied by ml_collections' own flag parsing (the
+    same types as on the toolbox's commands), for scripts with their own argument parser; an unknown key raises
+    ConfigKeyError with the closest keys, any other argument ValueError."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    others = [a for a in args if not a.startswith("--config.")]
+    if others:
+        raise ValueError(f"expected only --config.<path>=value overrides, got {others}.")
+    config = copy.deepcopy(config)  # keeps the typed placeholders (copy_and_resolve_references would drop them)
+    check_overrides(config, args)
+    values = flags.FlagValues()
+    argv = ["script", *args]
+    config_flags.DEFINE_config_dict("config", config, flag_values=values, sys_argv=argv)
+    values(argv)
+    return values.config
 
 
 def argparse_command(script: str, args: Any, skip: Sequence[Any] = ("", None)) -> str:
@@ -305,14 +333,21 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
             "writes config.json there)?"
         )
     config = ml_collections.ConfigDict(json.loads(path.read_text()))
-    # Sampler keys added after a run was trained (inference-only settings) take base_config's defaults, which are
-    # chosen to reproduce how samplers behaved before the key existed (score_temperature 0: score the sampling logits).
-    from hackable_diffusion import recipes
+    upgrade_saved_config(config)
+    return config
 
+
+def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
+    """Brings a config saved by an older version of the toolbox to the current keys (in place): the task moves its
+    own keys first (`tasks.Task.upgrade_saved_config`), then the sampler section is restructured
+    (`recipes.upgrade_saved_sampler`); model fields a run saved before they were spelled out take their defaults."""
+    from hackable_diffusion import recipes
+    from hackable_diffusion.tasks import get_task
+
+    if "data" in config and "sampler" in config:
+        get_task(config.data.get("task", "text")).upgrade_saved_config(config)
     if "sampler" in config:
-        for key, value in recipes.base_config().sampler.items():
-            if key not in config.sampler:
-                config.sampler[key] = value
+        recipes.upgrade_saved_sampler(config)
     if "model" in config:  # model fields a run saved before they were spelled out take their (training-time) default
         import dataclasses
 
@@ -321,7 +356,6 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
         for field in dataclasses.fields(TransformerConfig):
             if field.name not in config.model and field.default not in (dataclasses.MISSING, None):
                 config.model[field.name] = field.default
-    return config
 
 
 def quiet_library_logs():

@@ -70,14 +70,14 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
         )
         return cfg, params, {}
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion import sft
+    from hackable_diffusion import pretrained, sft
 
     config = cli.load_saved_config(str(path))
     cfg = TransformerConfig.from_dict(config.model.to_dict())
     if (path / sft.FUSED_DIR).is_dir():
         params = sft.load_params(path / sft.FUSED_DIR)
     else:
-        params, _ = exp_lib.load_params(exp_lib.from_workdir(str(path)), str(path))
+        params, _ = pretrained.load_params(exp_lib.from_workdir(str(path)), str(path))
     params = jax.device_get(params)
     if dtype:
         import numpy as np

@@ -1,7 +1,7 @@
 """Sampling entry point: loads the checkpoint and tokenizer that training saved and prints completions.
 
   python -m hackable_diffusion.sample --workdir runs/quickstart --prompt "ROMEO:" [--config.sampler.num_steps=16]
-      [--config.sampler.selection=threshold '--config.sampler.selection_kwargs={"tau": 0.9}'] [--show_canvas]
+      [--config.sampler.selection.rule=threshold --config.sampler.selection.tau=0.9] [--show_canvas]
 
 `--config.<path>=value` overrides any key of the run's saved config (workdir/config.json), in practice its sampler
 section: the selection rule and its arguments, temperature, early stopping, step budget, canvas length,
@@ -55,8 +55,8 @@ def main(argv):
     import numpy as np
 
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID
-    from hackable_diffusion.sampling import generate as gen_lib
+    from hackable_diffusion import pretrained
+    from hackable_diffusion.tasks import text
 
     if FLAGS.workdir is None:
         raise app.UsageError("--workdir is required (a directory written by python -m hackable_diffusion.train).")
@@ -67,37 +67,27 @@ def main(argv):
     cli.load_saved_config(workdir)  # a clear error when the workdir holds no run
     config = FLAGS.config
     exp = exp_lib.build(config, workdir)
-    params, step = exp_lib.load_params(exp, workdir)
+    if exp.task.name != "text":
+        raise ValueError(f"{workdir} is a {exp.task.name!r} run; sample prints text (see evaluate --task sudoku).")
+    params, step = pretrained.load_params(exp, workdir)
     prompts = FLAGS.prompt or [config.sampler.prompt]
     max_new = FLAGS.max_new_tokens or config.sampler.max_new_tokens
+    show = FLAGS.show_canvas and not exp.is_autoregressive
     start = time.perf_counter()
-    if FLAGS.show_canvas and not exp.is_autoregressive:
-        sampler = exp_lib.build_sampler(config, exp.process)
-        ids = [[BOS_ID] + exp.tokenizer.encode(p) for p in prompts]
-        max_new = -(-max_new // sampler.canvas_length) * sampler.canvas_length
-        result = gen_lib.generate(
-            exp.model,
-            params,
-            ids,
-            sampler=sampler,
-            key=FLAGS.seed,
-            max_new_tokens=max_new,
-            stop_tokens=(EOS_ID,),
-            return_trajectory=True,
-        )
-        show_trajectory(exp, result, prompts[0], FLAGS.show_delay_s)
-        texts = [exp.tokenizer.decode(np.asarray(row)) for row in result.tokens]
-    else:
-        texts, result = exp_lib.sample_texts(exp, params, prompts, seed=FLAGS.seed, max_new_tokens=max_new)
+    texts, result = text.sample_texts(
+        exp, params, prompts, seed=FLAGS.seed, max_new_tokens=max_new, return_trajectory=show
+    )
     seconds = time.perf_counter() - start
+    if show:
+        show_trajectory(exp, result, prompts[0], FLAGS.show_delay_s)
     new_tokens = int(np.sum(result.lengths))
-    kind = "autoregressive" if exp.is_autoregressive else f"diffusion/{config.sampler.selection}"
+    kind = "autoregressive" if exp.is_autoregressive else f"diffusion/{config.sampler.selection.rule}"
     print(
         f"[checkpoint step {step}; {kind}; {new_tokens} tokens in {seconds:.2f}s incl. compile; "
         f"{result.forward_passes} forward passes]"
     )
-    for prompt, text in zip(prompts, texts):
-        print(f"{prompt}{text}\n")
+    for prompt, text_out in zip(prompts, texts):
+        print(f"{prompt}{text_out}\n")
 
 
 if __name__ == "__main__":

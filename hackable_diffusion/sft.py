@@ -8,21 +8,14 @@ Follows DiffusionGemma's SFT recipe (docs/reference.md §3; HDA `sft_model.py`, 
 self-conditioning) with LoRA (`models.lora`, only the adapters trained) or fully, and write the fused weights.
 
 Pieces, each usable alone:
-- `load_base(config)`: the model, tokenizer and base params named by `config.init`:
-  kind "toolbox": `init.checkpoint` is a toolbox workdir (or its `checkpoints/` folder); the params (EMA if
-  `init.use_ema` and present) of its latest step are restored, and its `config.json` (model shape) and `tokenizer/`
-  are used when present. kind "params": `init.checkpoint` is a params directory written by `save_params` (e.g. the
-  `fused_params` of an earlier SFT run; its parent's `config.json` and `tokenizer/` are used the same way).
-  kind "gemma": `init.checkpoint` is a gemma-layout orbax directory
-  (`models.gemma_convert.load_gemma_checkpoint`), shaped by `config.model`. kind "hf": `init.checkpoint` is a Hugging
-  Face DiffusionGemma / Gemma-4 directory (`models.hf_convert.load_hf`: its config.json gives the model shape, its
-  tokenizer the tokenizer). kind "scratch": random init (smoke tests). `--init_from hf:DIR` (or gemma:, toolbox:,
-  params:) on the command line sets both keys.
-- `shakespeare_pairs` / `build_examples` / `make_example_iterator`: the self-contained demo task, tiny Shakespeare
-  "prompt = `sft.prompt_lines` lines, response = the next `sft.response_lines` lines", as a grain pipeline whose state
-  is checkpointed with the run.
+- `pretrained.load_base(config)`: the model, tokenizer and base params named by `config.init` (kind toolbox, params,
+  gemma, hf or scratch; see `pretrained.py`). `--init_from hf:DIR` (or gemma:, toolbox:, params:) on the command line
+  sets both keys.
+- `tasks.text.shakespeare_pairs` / `build_examples` / `make_example_iterator`: the self-contained demo task, tiny
+  Shakespeare "prompt = `sft.prompt_lines` lines, response = the next `sft.response_lines` lines", as a grain pipeline
+  whose state is checkpointed with the run.
 - `run_sft(config, workdir)`: trains through `training.loop.train` and writes `workdir/fused_params` (toolbox layout,
-  orbax), `workdir/lora_params` (adapters only, LoRA runs), optionally `workdir/gemma_params` (gemma layout) and
+  orbax; `pretrained.load_params_directory` reads it), `workdir/lora_params` (adapters only, LoRA runs), optionally `workdir/gemma_params` (gemma layout) and
   `workdir/hf` (a Hugging Face directory, LoRA merged, `output.save_hf`), plus
   `config.json` and `tokenizer/` so the workdir can be sampled like a pretraining run.
 
@@ -41,30 +34,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import pathlib
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 
-from hackable_diffusion import cli, recipes
+from hackable_diffusion import builders, cli, recipes
 from hackable_diffusion.data import text as text_lib
 from hackable_diffusion.data import tokenizers as tok_lib
-from hackable_diffusion.data.canvas import CanvasChunker, collate_examples
-from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, Tokenizer
-from hackable_diffusion.models import gemma_convert, lora as lora_lib, partitioning, presets
+from hackable_diffusion.data.canvas import CanvasChunker
+from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, NEVER_GENERATED, Tokenizer
+from hackable_diffusion.models import gemma_convert, partitioning, presets
+from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import transformer as T
-from hackable_diffusion.models.config import TransformerConfig
+from hackable_diffusion.pretrained import FUSED_DIR, INIT_KINDS, load_base, save_params
+from hackable_diffusion.tasks.text import build_examples, eval_batches, make_example_iterator, shakespeare_pairs
 
 PyTree = Any
-INIT_KINDS = ("toolbox", "params", "gemma", "hf", "scratch")
-FUSED_DIR, LORA_DIR, GEMMA_DIR, HF_DIR = "fused_params", "lora_params", "gemma_params", "hf"
+LORA_DIR, GEMMA_DIR, HF_DIR = "lora_params", "gemma_params", "hf"
 ROUTER_LEAVES = ("moe/router_logits", "moe/router_scale", "moe/per_expert_scale")
 #: diffusion fields taken from the source run's config.json (init.inherit_diffusion): fine-tune with the process and
 #: loss recipe the model was trained with; `objective` and `canvas_len` stay this config's.
@@ -181,156 +170,6 @@ def sft_config(
 # Base weights.
 
 
-def _step_dirs(checkpoints: pathlib.Path) -> list[int]:
-    if not checkpoints.is_dir():
-        return []
-    return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit() and (p / "state").is_dir())
-
-
-def load_toolbox_params(
-    path: str | os.PathLike, *, use_ema: bool = True, step: int | None = None
-) -> tuple[PyTree, int]:
-    """(params as numpy arrays, step) of a toolbox run's checkpoint (the EMA params if `use_ema` and kept).
-
-    `path` is a training workdir or its `checkpoints/` folder; `step=None` takes the latest complete step.
-    """
-    path = pathlib.Path(path)
-    checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    steps = _step_dirs(checkpoints)
-    if not steps:
-        raise ValueError(
-            f"No toolbox checkpoint in {str(path)!r} (looked for step folders with a 'state' item in "
-            f"{str(checkpoints)!r}); train with hackable_diffusion.train first or fix init.checkpoint."
-        )
-    step = steps[-1] if step is None else int(step)
-    if step not in steps:
-        raise ValueError(f"Checkpoint step {step} not found in {str(checkpoints)!r}; available: {steps}.")
-    item = (checkpoints / str(step) / "state").absolute()
-    checkpointer = ocp.PyTreeCheckpointer()
-    metadata = gemma_convert.tree_metadata(item)
-    key = "ema_params" if use_ema and metadata.get("ema_params") else "params"
-    if isinstance(metadata[key], Mapping) and set(metadata[key]) == {lora_lib.BASE_KEY, lora_lib.LORA_KEY}:
-        raise ValueError(
-            f"{str(path)!r} is a LoRA fine-tuning run (its params are {{'base', 'lora'}}); start from "
-            f"its fused weights instead: init.kind='params', init.checkpoint='{path}/{FUSED_DIR}'."
-        )
-    subtree = {key: metadata[key]}
-    restored = checkpointer.restore(
-        item,
-        args=ocp.args.PyTreeRestore(
-            item=jax.tree.map(lambda m: np.empty(m.shape, m.dtype), subtree),
-            restore_args=jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), subtree),
-            partial_restore=True,
-        ),
-    )
-    return restored[key], step
-
-
-def _corpus_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
-    if config.init.tokenizer_dir:
-        return tok_lib.load_tokenizer(config.init.tokenizer_dir)
-    if config.data.corpus != "shakespeare" or config.data.tokenizer != "char":
-        raise ValueError(
-            "Without init.tokenizer_dir the SFT demo fits a char tokenizer on Shakespeare; set "
-            "data.corpus='shakespeare', data.tokenizer='char' or give init.tokenizer_dir."
-        )
-    return tok_lib.CharTokenizer.fit(text_lib.load_shakespeare("train", config.data.data_dir or None))
-
-
-def _model_config(shape: Mapping[str, Any], vocab_size: int | None) -> TransformerConfig:
-    shape = dict(shape)
-    if vocab_size:
-        shape["vocab_size"] = vocab_size
-    return TransformerConfig.from_dict(shape)
-
-
-@dataclasses.dataclass(frozen=True)
-class Base:
-    model: T.Transformer
-    tokenizer: Tokenizer
-    params: PyTree
-    source: str
-    source_config: ml_collections.ConfigDict | None = None  # the source run's config.json, if any
-
-
-def load_base(config: ml_collections.ConfigDict) -> Base:
-    """Model, tokenizer and base params as named by `config.init` (see the module docstring)."""
-    init = config.init
-    if init.kind not in INIT_KINDS:
-        raise ValueError(f"config.init.kind={init.kind!r} must be one of {INIT_KINDS}.")
-    if init.kind in ("toolbox", "params"):
-        if not init.checkpoint:
-            raise ValueError(
-                f"config.init.kind={init.kind!r} needs config.init.checkpoint (a training workdir, or a "
-                "params directory for kind 'params')."
-            )
-        source = pathlib.Path(init.checkpoint)
-        run_dir = source.parent if (source.name == "checkpoints" or init.kind == "params") else source
-        tokenizer_dir = run_dir / "tokenizer"
-        tokenizer = (
-            tok_lib.load_tokenizer(tokenizer_dir)
-            if (tokenizer_dir / tok_lib.CONFIG_FILE).is_file()
-            else _corpus_tokenizer(config)
-        )
-        shape, source_config = config.model.to_dict(), None
-        if (run_dir / "config.json").is_file():
-            source_config = cli.load_saved_config(str(run_dir))
-            shape = source_config.model.to_dict()
-        cfg = _model_config(shape, tokenizer.vocab_size)
-        if init.kind == "params":
-            params, where = load_params(source), f"params:{source}"
-        else:
-            params, step = load_toolbox_params(source, use_ema=init.use_ema)
-            where = f"toolbox:{source}@{step}"
-        gemma_convert.check_toolbox_params(params, cfg, f"The params of {where}")
-        return Base(T.Transformer(cfg), tokenizer, params, where, source_config)
-    if init.kind == "hf":
-        return _load_hf_base(config)
-    tokenizer = _corpus_tokenizer(config)
-    # A gemma tree fixes the vocabulary (config.model.vocab_size); a scratch model takes the tokenizer's.
-    vocab = (config.model.get("vocab_size") or tokenizer.vocab_size) if init.kind == "gemma" else tokenizer.vocab_size
-    cfg = _model_config(config.model.to_dict(), vocab)
-    if init.kind == "gemma":
-        cfg = cfg.dropless()  # pretrained weights: capacity dropping would change their outputs
-    if tokenizer.vocab_size > cfg.vocab_size:
-        raise ValueError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size={cfg.vocab_size}.")
-    model = T.Transformer(cfg)
-    if init.kind == "gemma":
-        if not init.checkpoint:
-            raise ValueError("config.init.kind='gemma' needs config.init.checkpoint (a gemma-layout orbax directory).")
-        params = gemma_convert.load_gemma_checkpoint(
-            init.checkpoint, cfg, dtype=cfg.param_dtype, ignore_unexpected=bool(init.get("ignore_unexpected", False))
-        )
-        return Base(model, tokenizer, params, f"gemma:{init.checkpoint}")
-    params = jax.device_get(T.init_params(model, jax.random.key(config.seed)))
-    return Base(model, tokenizer, params, "scratch")
-
-
-def _load_hf_base(config: ml_collections.ConfigDict) -> Base:
-    """A Hugging Face DiffusionGemma / Gemma-4 directory: its config, weights and tokenizer."""
-    from hackable_diffusion.models import hf_convert
-
-    init = config.init
-    if not init.checkpoint:
-        raise ValueError("config.init.kind='hf' needs config.init.checkpoint (a Hugging Face checkpoint directory).")
-    checkpoint = hf_convert.load_hf(
-        init.checkpoint,
-        dtype=init.get("dtype") or None,
-        decoder_window=init.get("decoder_window", "per_token"),
-        ignore_unexpected=bool(init.get("ignore_unexpected", False)),
-    )
-    try:
-        tokenizer = tok_lib.PretrainedTokenizer.from_directory(init.checkpoint)
-    except FileNotFoundError:
-        tokenizer = _corpus_tokenizer(config)
-    if tokenizer.vocab_size > checkpoint.config.vocab_size:
-        raise ValueError(
-            f"The tokenizer has {tokenizer.vocab_size} ids but the checkpoint's vocabulary is "
-            f"{checkpoint.config.vocab_size}."
-        )
-    return Base(T.Transformer(checkpoint.config), tokenizer, checkpoint.params, f"hf:{init.checkpoint}")
-
-
 def router_frozen_mask(params: PyTree) -> PyTree:
     """Full fine-tuning with `lora.freeze_router`: every leaf trained except the router's."""
     flat = gemma_convert.flatten_tree(params)
@@ -341,104 +180,8 @@ def router_frozen_mask(params: PyTree) -> PyTree:
 # Demo data: tiny Shakespeare line pairs.
 
 
-def shakespeare_pairs(text: str, prompt_lines: int, response_lines: int) -> list[tuple[str, str]]:
-    """Non-overlapping (prompt, response) windows of lines; the prompt keeps its trailing newline."""
-    if prompt_lines < 1 or response_lines < 1:
-        raise ValueError(f"prompt_lines and response_lines must be >= 1, got {prompt_lines}, {response_lines}.")
-    lines = text.split("\n")
-    window = prompt_lines + response_lines
-    pairs = []
-    for start in range(0, len(lines) - window + 1, window):
-        prompt = "\n".join(lines[start : start + prompt_lines])
-        if not prompt.strip():
-            continue
-        pairs.append((prompt + "\n", "\n".join(lines[start + prompt_lines : start + window])))
-    return pairs
-
-
-def build_examples(
-    pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, chunker: CanvasChunker, max_examples: int = 0
-) -> dict[str, np.ndarray]:
-    """Collated CanvasChunker examples of the pairs (pairs with characters outside the vocabulary are skipped)."""
-    examples = []
-    for prompt, response in pairs:
-        if max_examples and len(examples) >= max_examples:
-            break
-        try:
-            examples.append(chunker(tokenizer.encode(prompt), tokenizer.encode(response)))
-        except ValueError:
-            continue
-    if not examples:
-        raise ValueError("No SFT example could be built (empty split, or every pair has unknown characters).")
-    return collate_examples(examples)
-
-
-@dataclasses.dataclass(frozen=True)
-class GatherExamples:
-    """Global batch of example indices -> this process's rows [start, stop) of every field."""
-
-    examples: Mapping[str, np.ndarray]
-    start: int
-    stop: int
-
-    def __call__(self, global_indices: np.ndarray) -> dict[str, np.ndarray]:
-        rows = global_indices[self.start : self.stop]
-        return {k: np.ascontiguousarray(v[rows]) for k, v in self.examples.items()}
-
-
-def make_example_iterator(
-    examples: Mapping[str, np.ndarray], batch_size: int, seed: int, process_index: int = 0, process_count: int = 1
-) -> grain.DatasetIterator:
-    """Shuffled, repeated batches of examples (per process), with a checkpointable grain state."""
-    count = len(next(iter(examples.values())))
-    if batch_size < 1 or count < 1:
-        raise ValueError(f"need batch_size >= 1 and at least one example, got {batch_size} and {count}.")
-    start = process_index * batch_size
-    dataset = (
-        grain.MapDataset.source(np.arange(count, dtype=np.int64))
-        .seed(seed)
-        .shuffle()
-        .repeat()
-        .batch(batch_size * process_count, drop_remainder=True)
-        .map(GatherExamples(dict(examples), start, start + batch_size))
-    )
-    return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
-
-
-def eval_batches(examples: Mapping[str, np.ndarray], batch_size: int, num_batches: int) -> list[dict[str, np.ndarray]]:
-    count = len(next(iter(examples.values())))
-    out = []
-    for begin in range(0, count - batch_size + 1, batch_size):
-        out.append({k: v[begin : begin + batch_size] for k, v in examples.items()})
-        if len(out) == num_batches:
-            break
-    return out
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Param directories.
-
-
-def save_params(params: PyTree, directory: str | os.PathLike) -> str:
-    """Writes a params pytree with orbax (StandardCheckpointer), replacing an existing directory."""
-    directory = os.path.abspath(os.fspath(directory))
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(directory, params, force=True)
-    checkpointer.wait_until_finished()
-    return directory
-
-
-def load_params(directory: str | os.PathLike) -> PyTree:
-    """Reads a params pytree written by `save_params` (numpy arrays, on the host)."""
-    directory = os.path.abspath(os.fspath(directory))
-    checkpointer = ocp.PyTreeCheckpointer()
-    metadata = gemma_convert.tree_metadata(directory)
-    return checkpointer.restore(
-        directory,
-        args=ocp.args.PyTreeRestore(
-            restore_args=jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
-        ),
-    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -514,8 +257,8 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: 
         if not (path / "tokenizer" / tok_lib.CONFIG_FILE).is_file():
             tokenizer.save(path / "tokenizer", metadata={"source": base.source})
 
-    process = exp_lib.build_process(config, cfg.vocab_size)
-    objective = exp_lib.build_objective(config, model, process)
+    process = builders.build_process(config, cfg.vocab_size)
+    objective = builders.build_objective(config, model, process)
     s = config.sft
     c = config.diffusion.canvas_len
     chunker = CanvasChunker(s.prompt_len, s.num_canvases, c, truncate_prompt=True)
@@ -566,9 +309,6 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: 
                 totals[k] = totals.get(k, 0.0) + float(metrics[k]) / len(batches)
         return totals
 
-    optimizer_cfg = config.optimizer.copy_and_resolve_references()
-    if not optimizer_cfg.total_steps:
-        optimizer_cfg.total_steps = config.train.num_steps
     devices = jax.devices()[: s.num_devices] if s.num_devices else None
     mesh = sharding.make_mesh(config.mesh, devices)
     if jax.process_index() == 0:
@@ -585,19 +325,13 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: 
         init_fn=init_fn,
         loss_fn=loss_fn,
         train_iterator=train_iter,
-        total_steps=config.train.num_steps,
-        optimizer_cfg=optimizer_cfg,
+        loop=loop.LoopConfig.from_config(
+            config.train, seed=config.seed, tokens_per_example=s.prompt_len + s.num_canvases * c
+        ),
+        optimizer_cfg=builders.optimizer_config(config),
         mesh=mesh,
         param_logical_axes_fn=axes_fn,
-        seed=config.seed,
-        grad_accum_steps=config.train.grad_accum_steps,
-        ema_decay=config.train.ema_decay,
-        log_every=config.train.log_every,
-        checkpoint_every=config.train.checkpoint_every,
-        keep_checkpoints=config.train.keep_checkpoints,
         eval_fn=eval_fn if batches else None,
-        eval_every=config.train.eval_every,
-        tokens_per_example=s.prompt_len + s.num_canvases * c,
         trainable_mask=mask,
         compiler_options={"xla_backend_optimization_level": 0} if config.train.get("fast_compile") else None,
     )
@@ -629,7 +363,7 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: 
         )
     if sample_at_end and jax.process_index() == 0:
         unused = tuple(range(tokenizer.vocab_size, cfg.vocab_size))  # ids the tokenizer cannot decode
-        sampler = exp_lib.build_sampler(config, process, forbidden_tokens=(0, 2, 3) + unused)
+        sampler = builders.build_sampler(config, process, forbidden_tokens=NEVER_GENERATED + unused)
         prompt = config.sampler.prompt
         max_new = -(-config.sampler.max_new_tokens // sampler.canvas_length) * sampler.canvas_length
         result = gen_lib.generate(

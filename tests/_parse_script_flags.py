@@ -1,10 +1,12 @@
 """Parses command lines of a script in experiments/ without running it.
 
   python _parse_script_flags.py SCRIPT '[["--flag", "v"], ["--other"]]'
+  HD_CHECK_FLAGS=1 python _parse_script_flags.py -m hackable_diffusion.train '[["--config", "configs/x.py"]]'
 
-Each command line runs the script as `__main__` until its argparse parser has parsed it (then the next one starts;
+Each command line runs the script as `__main__` until its argparse parser has parsed it (`parse_args` or `parse_known_args`) (then the next one starts;
 heavy imports are paid once), or until absl has parsed its flags (`app.run`: the main function is replaced by one that
-returns). Prints a JSON list with, per command line, null when it parsed or the parser's last error line.
+returns); a toolbox entry point (`-m MODULE`, run with HD_CHECK_FLAGS=1) parses and checks its flags, then exits.
+Prints a JSON list with, per command line, null when it parsed or the parser's last error line.
 """
 
 import argparse
@@ -19,11 +21,23 @@ class _Parsed(Exception):
     pass
 
 
-def parse_one(script: str, args: list[str]) -> str | None:
+def parse_one(script: str, args: list[str], module: bool = False) -> str | None:
     original = argparse.ArgumentParser.parse_args
+    original_known = argparse.ArgumentParser.parse_known_args
+    inside_parse_args = []
 
     def parse_then_stop(self, argv=None, namespace=None):
-        original(self, argv, namespace)
+        inside_parse_args.append(True)
+        try:
+            original(self, argv, namespace)
+        finally:
+            inside_parse_args.pop()
+        raise _Parsed
+
+    def parse_known_then_stop(self, argv=None, namespace=None):
+        result = original_known(self, argv, namespace)
+        if inside_parse_args:  # parse_args calls parse_known_args, then refuses what is left
+            return result
         raise _Parsed
 
     from absl import app, flags
@@ -31,12 +45,16 @@ def parse_one(script: str, args: list[str]) -> str | None:
     defined_before = set(flags.FLAGS)
     original_run = app.run
     argparse.ArgumentParser.parse_args = parse_then_stop
+    argparse.ArgumentParser.parse_known_args = parse_known_then_stop
     app.run = lambda main, argv=None, **kw: original_run(lambda _: sys.exit(0), argv=argv, **kw)
     sys.argv = [script, *args]
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            runpy.run_path(script, run_name="__main__")
+            if module:
+                runpy.run_module(script, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(script, run_name="__main__")
     except _Parsed:
         return None
     except SystemExit as exit_:
@@ -45,6 +63,7 @@ def parse_one(script: str, args: list[str]) -> str | None:
         return (stderr.getvalue().strip().splitlines() or [f"exit {exit_.code}"])[-1]
     finally:
         argparse.ArgumentParser.parse_args = original
+        argparse.ArgumentParser.parse_known_args = original_known
         app.run = original_run
         for name in set(flags.FLAGS) - defined_before:  # flags the script defined at import: the next run redefines
             delattr(flags.FLAGS, name)
@@ -53,11 +72,12 @@ def parse_one(script: str, args: list[str]) -> str | None:
 
 
 def main() -> None:
-    script, commands = sys.argv[1], json.loads(sys.argv[2])
+    module = sys.argv[1] == "-m"
+    script, commands = sys.argv[1 + module], json.loads(sys.argv[2 + module])
     results = []
     for args in commands:
         try:
-            results.append(parse_one(script, args))
+            results.append(parse_one(script, args, module))
         except Exception as err:  # e.g. absl flags defined twice when a script defines flags at import
             results.append(f"{type(err).__name__}: {err}")
     print(json.dumps(results))

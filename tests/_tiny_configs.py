@@ -3,6 +3,8 @@
 from hackable_diffusion import recipes
 from hackable_diffusion.models import presets
 
+TRAIN_OUTPUT = "train_output.txt"  # what training printed, kept beside each shared run (conftest.trained_text_runs)
+
 
 def tiny_text_config(process="uniform", steps=6, moe=True):
     c = recipes.text_config(

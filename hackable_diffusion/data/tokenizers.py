@@ -41,6 +41,7 @@ EOS_ID = 1
 BOS_ID = 2
 MASK_ID = 3
 SPECIAL_IDS: tuple[int, int, int, int] = (PAD_ID, EOS_ID, BOS_ID, MASK_ID)
+NEVER_GENERATED: tuple[int, int, int] = (PAD_ID, BOS_ID, MASK_ID)  # a sampler never writes these (EOS ends a text)
 NUM_SPECIAL_TOKENS = len(SPECIAL_IDS)
 #: Id of SentencePiece's unknown piece (the first content id); the char tokenizer has no unknown token.
 SPM_UNK_ID = NUM_SPECIAL_TOKENS

@@ -140,7 +140,7 @@ def _masked_nll(logits, x0, xt, mask_id: int, loss_mask, token_reweight: tuple[f
 def token_reweight_factor(nll: Float[Array, "..."], alpha: float, gamma: float) -> Float[Array, "..."]:
     """alpha * (1 - exp(-nll)) ** gamma = alpha * (1 - p) ** gamma, p the model's probability of the right token.
 
-    The token-level reweighting of Ye et al. 2024 (MGDM, "Beyond Autoregression", their Sudoku run: alpha 0.25,
+    The token-level reweighting of Ye et al. 2024 (MGDM, "Beyond Autoregression", their 9 x 9 puzzle run: alpha 0.25,
     gamma 1), a focal-loss form: positions the model already gets right weigh little, hard subgoals weigh more. The
     factor is not stop-gradiented, as in focal loss. gamma 0 leaves the plain CE scaled by alpha.
     """

@@ -2,7 +2,7 @@
 
 Three objectives over the same backbone:
 
-* `DiffusionPretrainObjective` — packed text, either process; an optional `batch["fixed"]` (Sudoku givens, infill
+* `DiffusionPretrainObjective` — packed text, either process; an optional `batch["fixed"]` (puzzle givens, infill
   context) marks positions that are attended to but never corrupted and never in the loss.
   - `canvas_len=None`: one canvas per sequence, a bidirectional pass over the whole corrupted sequence (MD4/MDLM).
   - `canvas_len=C`: block diffusion over canvases of C tokens (BD3-LM, Arriola et al. 2025, and exactly
@@ -16,14 +16,9 @@ Three objectives over the same backbone:
   the noisy canvas can neither overwrite prompt slots nor see a noisy copy of an earlier canvas.
 * `AutoregressiveObjective` — next-token cross-entropy, the baseline on the same backbone.
 
-Diffusion losses (`loss=`): "elbo" is the continuous-time NELBO integrand of the process (masking: MD4/MDLM;
-uniform: `losses.uniform_elbo`), a bound in nats that is reported in bits per token; "canvas_ce" is DiffusionGemma's
-unweighted cross-entropy over every position of the canvas (no time weighting, EOS fill included). Whatever the
-training loss, the metrics carry the ELBO of the same forward pass (`elbo_bits_per_token`), so uniform models trained
-with canvas CE still report a likelihood bound. "masked_ce" (masking only) is the unweighted CE over the masked
-positions pooled over the batch (MaskGIT-style), which weighs heavily masked examples more than the ELBO does;
-`token_reweight=(alpha, gamma)` multiplies each position's CE by alpha (1 - p)^gamma, p the probability of the right
-token (Ye et al. 2024's MGDM token reweighting, `losses.token_reweight_factor`).
+Losses (`loss=`) are objects (`training_losses`): `Elbo`, `MaskedCE(alpha, gamma)`, `CanvasCE`; whatever the training
+loss, the metrics carry the ELBO of the same forward pass (`elbo_bits_per_token`), so uniform models trained with
+canvas CE still report a likelihood bound. The autoregressive baseline's loss is `ArCE`.
 
 Self-conditioning (`self_condition_prob` > 0, model built with `self_conditioning=True`, docs/reference.md §1.6): a first decoder
 pass with the null signal, then a second pass whose signal is the first pass's (stop-gradient, raw) logits with
@@ -42,20 +37,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from hackable_diffusion.diffusion import losses
-from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess
+from hackable_diffusion.diffusion.processes import NoiseProcess
 from hackable_diffusion.diffusion.schedules import UniformTimeSampler
+from hackable_diffusion.diffusion.training_losses import ArCE, CanvasCE, DiffusionLoss, Elbo
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 
 Metrics = dict[str, Array]
-LOSSES = ("elbo", "canvas_ce", "masked_ce")
-
-
-def _check_loss(loss: str, process: NoiseProcess):
-    if loss not in LOSSES:
-        raise ValueError(f"Unknown diffusion loss {loss!r}; choose one of {LOSSES}.")
-    if loss == "masked_ce" and not isinstance(process, MaskingProcess):
-        raise ValueError(f"loss='masked_ce' needs the masking process, not {type(process).__name__}.")
 
 
 def _decoder_with_self_conditioning(
@@ -73,16 +61,10 @@ def _decoder_with_self_conditioning(
     return run(jnp.where(use, signal, null))
 
 
-def _diffusion_loss(loss: str, process: NoiseProcess, logits, x0, xt, t, loss_mask, token_reweight=None):
+def _diffusion_loss(loss: DiffusionLoss, process: NoiseProcess, logits, x0, xt, t, loss_mask):
     """(training loss per example, ELBO nats per example)."""
     elbo = losses.process_elbo(logits, x0, xt, t, process, loss_mask)
-    if loss == "elbo":
-        per_token = elbo / jnp.maximum(jnp.sum(loss_mask, axis=-1), 1)
-        return per_token, elbo
-    if loss == "masked_ce":
-        ce = losses.masked_token_cross_entropy(logits, x0, xt, process.mask_id, loss_mask, token_reweight)
-        return ce, elbo
-    return losses.canvas_cross_entropy(logits, x0, loss_mask), elbo
+    return loss(process, logits, x0, xt, loss_mask, elbo), elbo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,19 +75,13 @@ class DiffusionPretrainObjective:
     process: NoiseProcess
     time_sampler: Any = UniformTimeSampler()
     canvas_len: int | None = None
-    loss: str = "elbo"
+    loss: DiffusionLoss = Elbo()
     encoder_ar_weight: float = 0.0  # DiffusionGemma adds the encoder's next-token loss with weight 1
     self_condition_prob: float = 0.0
     null_signal: str = "zeros"
-    token_reweight: tuple[float, float] | None = None  # (alpha, gamma) of MGDM's token reweighting; masked_ce only
 
     def __post_init__(self):
-        _check_loss(self.loss, self.process)
-        if self.token_reweight is not None and self.loss != "masked_ce":
-            raise ValueError(
-                f"token_reweight {self.token_reweight} weighs masked_ce's per-position CE; loss={self.loss!r} has "
-                "none. Set diffusion.loss='masked_ce' or token_reweight_gamma=0 and token_reweight_alpha=1."
-            )
+        self.loss.check(self.process)
         if self.canvas_len is None and self.encoder_ar_weight:
             raise ValueError(
                 "encoder_ar_weight needs block diffusion (canvas_len): one-canvas training has no encoder."
@@ -113,7 +89,7 @@ class DiffusionPretrainObjective:
 
     def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
         """batch: tokens (b, l); optional weights (b, l) (0 = padding: not attended, not in the loss) and fixed
-        (b, l) bool (given context such as Sudoku givens: attended, never corrupted, not in the loss)."""
+        (b, l) bool (given context such as puzzle givens: attended, never corrupted, not in the loss)."""
         x0: Int[Array, "b l"] = batch["tokens"]
         b, l = x0.shape
         t_key, noise_key, sc_key = jax.random.split(rng, 3)
@@ -139,14 +115,14 @@ class DiffusionPretrainObjective:
         logits, aux = _decoder_with_self_conditioning(
             self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
         )
-        train, elbo = _diffusion_loss(self.loss, self.process, logits, x0, xt, t, loss_mask, self.token_reweight)
+        train, elbo = _diffusion_loss(self.loss, self.process, logits, x0, xt, t, loss_mask)
         count = jnp.sum(loss_mask, axis=-1)
         metrics = {
             "diffusion_loss": jnp.mean(train),
             "elbo_bits_per_token": jnp.sum(elbo) / jnp.maximum(jnp.sum(count), 1) / math.log(2),
         }
-        loss = jnp.mean(train) + _aux_loss(aux)
-        return loss, dict(metrics, loss=loss, **_moe_metrics(aux))
+        loss = jnp.mean(train) + aux_loss(aux)
+        return loss, dict(metrics, loss=loss, **moe_metrics(aux))
 
     def _blocks(self, params, x0, token_mask, fixed, t_key, noise_key, sc_key):
         b, l = x0.shape
@@ -185,20 +161,18 @@ class DiffusionPretrainObjective:
         logits, aux = _decoder_with_self_conditioning(
             self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
         )
-        train, elbo = _diffusion_loss(
-            self.loss, self.process, logits.reshape(b * n, c, -1), x0_c, xt_c, t, mask_c, self.token_reweight
-        )
+        train, elbo = _diffusion_loss(self.loss, self.process, logits.reshape(b * n, c, -1), x0_c, xt_c, t, mask_c)
         ar, _ = losses.autoregressive_cross_entropy(enc_logits, x0, token_mask)
         count = jnp.sum(mask_c)
         diffusion = jnp.mean(train)
-        loss = diffusion + self.encoder_ar_weight * jnp.mean(ar) + _aux_loss(aux)
+        loss = diffusion + self.encoder_ar_weight * jnp.mean(ar) + aux_loss(aux)
         metrics = {
             "loss": loss,
             "diffusion_loss": diffusion,
             "encoder_ar_loss": jnp.mean(ar),
             "elbo_bits_per_token": jnp.sum(elbo) / jnp.maximum(count, 1) / math.log(2),
         }
-        return loss, dict(metrics, **_moe_metrics(aux))
+        return loss, dict(metrics, **moe_metrics(aux))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,13 +187,13 @@ class CanvasSFTObjective:
     process: NoiseProcess
     canvas_len: int
     time_sampler: Any = UniformTimeSampler(1e-4, 1.0 - 1e-4)
-    loss: str = "canvas_ce"
+    loss: DiffusionLoss = CanvasCE()
     encoder_ar_weight: float = 1.0
     self_condition_prob: float = 0.5
     null_signal: str = "mean_embedding"
 
     def __post_init__(self):
-        _check_loss(self.loss, self.process)
+        self.loss.check(self.process)
 
     def pieces(
         self, params, batch: dict[str, Array], rng: jax.Array, selected: Int[Array, "b"] | None = None
@@ -283,14 +257,14 @@ class CanvasSFTObjective:
         )
         ar, _ = losses.autoregressive_cross_entropy(out["encoder_logits"], out["seq"], out["seq_mask"])
         diffusion = jnp.mean(train)
-        loss = diffusion + self.encoder_ar_weight * jnp.mean(ar) + _aux_loss(out["aux"])
+        loss = diffusion + self.encoder_ar_weight * jnp.mean(ar) + aux_loss(out["aux"])
         metrics = {
             "loss": loss,
             "diffusion_loss": diffusion,
             "encoder_ar_loss": jnp.mean(ar),
             "elbo_bits_per_token": jnp.sum(elbo) / (b * c) / math.log(2),
         }
-        return loss, dict(metrics, **_moe_metrics(out["aux"]))
+        return loss, dict(metrics, **moe_metrics(out["aux"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +272,7 @@ class AutoregressiveObjective:
     """Next-token cross-entropy with a causal pass: the baseline on the same backbone."""
 
     model: T.Transformer
+    loss: ArCE = ArCE()
 
     def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
         del rng
@@ -305,17 +280,15 @@ class AutoregressiveObjective:
         weights = batch.get("weights")
         token_mask = jnp.ones(tokens.shape, bool) if weights is None else weights > 0
         logits, aux = T.forward(self.model, params, tokens, token_mask=token_mask, causal=True)
-        per_example, count = losses.autoregressive_cross_entropy(logits, tokens, token_mask)
+        per_example, count = self.loss(logits, tokens, token_mask)
         nats = jnp.sum(per_example * count) / jnp.maximum(jnp.sum(count), 1)
-        loss = jnp.mean(per_example) + _aux_loss(aux)
-        return loss, dict(
-            {"loss": loss, "ar_loss": nats, "nll_bits_per_token": nats / math.log(2)}, **_moe_metrics(aux)
-        )
+        loss = jnp.mean(per_example) + aux_loss(aux)
+        return loss, dict({"loss": loss, "ar_loss": nats, "nll_bits_per_token": nats / math.log(2)}, **moe_metrics(aux))
 
 
-def _aux_loss(aux: Metrics) -> Float[Array, ""]:
+def aux_loss(aux: Metrics) -> Float[Array, ""]:
     return aux.get("moe_load_balance_loss", 0.0) + aux.get("moe_router_z_loss", 0.0)
 
 
-def _moe_metrics(aux: Metrics) -> Metrics:
+def moe_metrics(aux: Metrics) -> Metrics:
     return {k: v for k, v in aux.items() if k.startswith("moe_")}

@@ -31,7 +31,7 @@ DiffusionGemma reference: `CategoricalProcess.uniform_process(V, LinearDiscreteS
 the whole vocabulary with `randint(0, V)`, special tokens included; `UniformProcess(..., excluded_ids=())` reproduces
 that. With `excluded_ids` the replacement is uniform over the other N = V - len(excluded_ids) tokens, and every formula
 here uses that N (a clean excluded token, e.g. EOS, can still be corrupted into an allowed one). Unlike the reference,
-`corrupt` takes a `fixed` mask (prompt, Sudoku givens, infill context) whose positions are never corrupted.
+`corrupt` takes a `fixed` mask (prompt, a puzzle's givens, infill context) whose positions are never corrupted.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Deliberate differences from the reference: the canvas reads the cache without a 
 sliding/append masks ignore padding, docs/reference.md §5); the cache is never written past its end (callers check, the
 sampler raises before a canvas would not fit, instead of wrapping, §5 there). Not in the reference: for grid puzzles
 (`cfg.grid_attention_bias`), a learned per-head logit bias for query/key cells in the same row, column or box, a
-relational prior in the spirit of the Sudoku graph that recurrent relational networks (Palm et al. 2018) pass
+relational prior in the spirit of the puzzle graph that recurrent relational networks (Palm et al. 2018) pass
 messages on; keys in the cache get it from their stored positions.
 """
 
@@ -174,7 +174,7 @@ class Attention(nn.Module):
         mask = jnp.concatenate(masks, axis=-1)[:, None, None]  # b 1 1 l (s + l)
         all_logits = jnp.concatenate(logits, axis=-1)
         if cfg.grid_attention_bias:
-            # Sudoku-style structure: a learned per-head bias for "same row / column / box" pairs (not in Gemma).
+            # Grid-puzzle structure: a learned per-head bias for "same row / column / box" pairs (not in Gemma).
             weights = self.param("grid_bias", grid_bias_init(cfg.grid_attention_bias), (3, cfg.num_heads), jnp.float32)
             key_pos = positions if layer_cache is None else jnp.concatenate([cache_positions, positions], axis=1)
             relations = grid_relations(positions, key_pos, cfg.grid_embeddings)

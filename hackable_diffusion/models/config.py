@@ -108,7 +108,7 @@ class TransformerConfig:
     self_conditioning: bool = (
         False  # DiffusionGemma's self_conditioner on canvas embeddings (models/self_conditioning.py)
     )
-    # n > 0: tokens lie on an n x n grid with sqrt(n) x sqrt(n) boxes (Sudoku: 9); cell = position mod n^2 and learned
+    # n > 0: tokens lie on an n x n grid with sqrt(n) x sqrt(n) boxes (a 9 x 9 puzzle: 9); cell = position mod n^2 and learned
     # row, column and box embeddings are added to the input (layers.GridEmbedding). 0: none (text).
     grid_embeddings: int = 0
     # > 0 (needs grid_embeddings): every attention layer adds a learned per-head bias to the logit of a query/key pair
@@ -122,7 +122,7 @@ class TransformerConfig:
     scan_unroll: int = 1
     # > 1: the whole layer stack is applied this many times with the same weights (looped / universal-transformer
     # depth, Dehghani et al. 2019): the compute of depth_loops * num_layers layers for the parameters of num_layers.
-    # Passes that write no KV cache only (`forward`, in-place Sudoku): a cache holds one pass's keys, not one per loop.
+    # Passes that write no KV cache only (`forward`, a puzzle solved in place): a cache holds one pass's keys, not one per loop.
     depth_loops: int = 1
 
     def __post_init__(self):
@@ -171,7 +171,7 @@ class TransformerConfig:
         if self.grid_attention_bias < 0 or (self.grid_attention_bias and not self.grid_embeddings):
             raise ValueError(
                 f"model.grid_attention_bias={self.grid_attention_bias} must be >= 0, and > 0 needs the grid side in "
-                "model.grid_embeddings (e.g. 9 for Sudoku)."
+                "model.grid_embeddings (e.g. 9 for a 9 x 9 grid)."
             )
         if self.depth_loops < 1:
             raise ValueError(f"model.depth_loops must be >= 1 (1 = every layer applied once), got {self.depth_loops}.")

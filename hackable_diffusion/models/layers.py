@@ -91,7 +91,7 @@ def grid_units(positions: Int[Array, "*b"], side: int) -> tuple[Int[Array, "*b"]
 class GridEmbedding(nn.Module):
     """Learned row, column and box embeddings of cells on an n x n grid (cell = position mod n^2).
 
-    Not in DiffusionGemma: a puzzle-structure prior for Sudoku. RoPE only tells a layer the offset between two cells,
+    Not in DiffusionGemma: a puzzle-structure prior for grid puzzles. RoPE only tells a layer the offset between two cells,
     and whether two cells share a row, column or box depends on where they are, not only on their offset.
     """
 

@@ -46,3 +46,18 @@ def count_params(cfg: TransformerConfig, params: Any | None = None) -> dict[str,
         embedding_params=int(embedding),
         non_embedding_params=int(total - embedding),
     )
+
+
+def training_flops_per_token(cfg: TransformerConfig, seq_len: int) -> float:
+    """Training FLOPs per token of one forward+backward pass (6 N + attention), N = active matmul parameters."""
+    counts = count_params(cfg)
+    # Matmul parameters per token: active minus the embedding lookup (the layers, run depth_loops times), plus the tied
+    # head (V x D matmul).
+    layers = counts["active_params_per_token"] - counts["embedding_params"]
+    n = layers * cfg.depth_loops + cfg.vocab_size * cfg.embed_dim
+    attn = 0
+    for layer_type in cfg.layer_types():
+        head_dim = cfg.global_attn_head_dim if layer_type == "global" else cfg.head_dim
+        span = seq_len if layer_type == "global" else min(seq_len, 2 * cfg.sliding_window)
+        attn += 2 * 2 * cfg.num_heads * head_dim * span  # QK^T and PV, forward
+    return float(3 * (2 * n + attn * cfg.depth_loops))

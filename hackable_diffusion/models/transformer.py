@@ -207,11 +207,11 @@ class Transformer(nn.Module):
         elif write_cache:
             raise ValueError("write_cache=True needs a cache.")
         if write_cache and cfg.depth_loops > 1:
-            # A read-only cache is fine (in-place Sudoku decodes over an empty one); writing one is not.
+            # A read-only cache is fine (a puzzle solved in place decodes over an empty one); writing one is not.
             raise ValueError(
                 f"model.depth_loops={cfg.depth_loops} applies the layer stack several times, which a KV cache (one "
                 "set of keys per layer) cannot hold; use passes that do not write a cache (`forward`, `decode_block` "
-                "over an empty cache: the in-place Sudoku layout) or depth_loops=1."
+                "over an empty cache: a puzzle's in-place layout) or depth_loops=1."
             )
 
         aux = {k: jnp.zeros((), jnp.float32) for k in AUX_KEYS}

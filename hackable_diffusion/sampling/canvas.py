@@ -20,7 +20,7 @@ hackable_diffusion adapter). The sampler pieces (`DiffusionSampler`) are small f
 jit arguments, so one config line swaps any of them.
 
 Differences from the reference, on purpose:
-  * Fixed positions (`fixed`: Sudoku givens, infill context) are never changed and are left out of selection and
+  * Fixed positions (`fixed`: a puzzle's givens, infill context) are never changed and are left out of selection and
     early stopping; the reference has none.
   * `forbidden_tokens` get a -1e30 logit (the reference accepts `forbidden_tokens` and ignores them); with a masking
     process the mask token is always forbidden (MDLM's SUBS parameterisation).
@@ -31,7 +31,7 @@ Differences from the reference, on purpose:
     alone or inside any batch.
   * No trajectory is kept unless `return_trajectory=True`.
   * `constraint` (off by default): a task's rules exclude tokens before the step samples and ranks
-    (`constraints.py`, e.g. Sudoku's row/column/box rule).
+    (`constraints.py`, e.g. a puzzle's rules, supplied by its task).
   * `score_temperature` (off by default, as the reference) lets the rule rank positions by logits at another
     temperature than the tokens are drawn at; early stopping and self-conditioning always use `shaped`.
 """
@@ -75,10 +75,10 @@ class DiffusionSampler:
       temperature-shaped logits (docs/reference.md §1.6); a float = under `biased logits / sc_temperature` instead (the
       logit bias and any constraint applied; 1.0 = the model's own probabilities, which is what training feeds back:
       the first pass's raw logits). Only matters for a model with a self-conditioner; a near-zero sampling temperature
-      (Sudoku draws at 0.1) otherwise feeds back near one-hot beliefs the model never saw in training.
+      (a puzzle task drawing at 0.1) otherwise feeds back near one-hot beliefs the model never saw in training.
     views: None = one model call per step; PermutationViews = the step's logits are the mean log-probabilities of the
       model over K relabelled copies of the canvas, batched (views.py; K x the FLOPs, the same number of passes). The
-      cached prefix is shared, not relabelled: meant for a task solved in place on an empty cache (Sudoku).
+      cached prefix is shared, not relabelled: meant for a task solved in place on an empty cache (a grid puzzle).
     """
 
     process: NoiseProcess

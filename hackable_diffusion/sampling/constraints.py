@@ -1,16 +1,10 @@
-"""Rule constraints on a denoising step's logits: tokens a position may not take, given the canvas so far.
+"""Logit constraints: tokens a canvas position may not take at a denoising step, given the canvas so far.
 
 Constrained decoding (as grammar-constrained decoding of language models): before a step samples, ranks and selects,
-every token the task's rules exclude at a position gets a -1e30 logit, so the candidates, the entropies / margins the
-selection rule ranks by, and the self-conditioning signal all see only legal tokens. Not in DiffusionGemma, Ye et al.
-2024 or Kim et al. 2025 (whose Sudoku samplers use the model alone); here an explicit inference-time option, reported
-apart from the model-only figures.
-
-`SudokuRules`: on a 9 x 9 canvas (position i = cell i, digits d = 1..9 as token ids first_digit_id + d - 1), a cell
-may not take a digit that a decided cell of its row, column or box already holds. Decided = fixed (the givens) or,
-with a masking process, committed. A cell whose every digit is excluded (a dead end: an earlier decision was wrong) is
-left unconstrained, so the step still has a distribution to draw from and the grid's conflict shows in the result
-(restarts and repairs act on it).
+every token a task's rules exclude at a position gets a -1e30 logit, so the candidates, the entropies / margins the
+selection rule ranks by, and the self-conditioning signal all see only legal tokens. A task implements the protocol
+(a puzzle's rules, say) and hands the object to the sampler (`DiffusionSampler.constraint`). Not in DiffusionGemma;
+an explicit inference-time option, reported apart from the model-only figures.
 """
 
 from __future__ import annotations
@@ -18,64 +12,17 @@ from __future__ import annotations
 import abc
 import dataclasses
 
-import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
-
-from hackable_diffusion.models.layers import grid_units
 
 
 @dataclasses.dataclass(frozen=True)
 class LogitConstraint(abc.ABC):
-    """`constraint(canvas, decided, vocab_size) -> excluded`: True where a position may not take a token."""
+    """`constraint(canvas, decided, vocab_size) -> excluded`: True where a position may not take a token.
+
+    decided: the positions whose token is settled (fixed, or committed by a masking process). A position whose every
+    token would be excluded should be left unconstrained, so that the step still has a distribution to draw from.
+    """
 
     @abc.abstractmethod
     def __call__(self, canvas: Int[Array, "b c"], decided: Bool[Array, "b c"], vocab_size: int) -> Bool[Array, "b c v"]:
         """The tokens each canvas position may not take, given the tokens at the decided positions."""
-
-
-def same_unit_matrix(side: int = 9) -> Bool[Array, "n n"]:
-    """(side^2, side^2) bool: cells i != j that share a row, a column or a box."""
-    if round(side**0.5) ** 2 != side:
-        raise ValueError(f"a Sudoku side must be a square number (4, 9, 16, ...), got {side}.")
-    row, col, box = grid_units(jnp.arange(side * side), side)
-    same = (row[:, None] == row[None]) | (col[:, None] == col[None]) | (box[:, None] == box[None])
-    return same & ~jnp.eye(side * side, dtype=bool)
-
-
-@dataclasses.dataclass(frozen=True)
-class SudokuRules(LogitConstraint):
-    """No digit twice in a row, column or box (see the module docstring); canvas position i is cell i."""
-
-    first_digit_id: int = 4  # SudokuVocab: ids 4..12 are the digits 1..9
-    side: int = 9
-
-    def __call__(self, canvas, decided, vocab_size):
-        b, c = canvas.shape
-        n = self.side
-        if c != n * n:
-            raise ValueError(f"SudokuRules: the canvas has {c} positions; a {n} x {n} grid has {n * n} cells.")
-        if self.first_digit_id + n > vocab_size:
-            raise ValueError(
-                f"SudokuRules: digit ids {self.first_digit_id}..{self.first_digit_id + n - 1} exceed the vocabulary "
-                f"of {vocab_size}."
-            )
-        same = jnp.asarray(same_unit_matrix(n), jnp.float32)
-        digit = canvas - self.first_digit_id
-        held = decided & (digit >= 0) & (digit < n)
-        onehot = (digit[..., None] == jnp.arange(n)) & held[..., None]  # (b, c, n)
-        taken = jnp.einsum("ij,bjd->bid", same, onehot.astype(jnp.float32)) > 0
-        taken = taken & ~jnp.all(taken, axis=-1, keepdims=True)  # a dead-end cell stays unconstrained
-        excluded = jnp.zeros((b, c, vocab_size), bool)
-        return excluded.at[..., self.first_digit_id : self.first_digit_id + n].set(taken)
-
-
-CONSTRAINTS = {"sudoku": SudokuRules}
-
-
-def make_constraint(name: str) -> LogitConstraint | None:
-    """A constraint by name ("" or "none": None)."""
-    if name in ("", "none"):
-        return None
-    if name not in CONSTRAINTS:
-        raise ValueError(f"unknown constraint {name!r}; choose one of {sorted(CONSTRAINTS)} or 'none'.")
-    return CONSTRAINTS[name]()

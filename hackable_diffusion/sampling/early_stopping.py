@@ -16,7 +16,7 @@ finished row afterwards.
     the reference computes it in the logits dtype (bf16). (The hackable_diffusion adapter's default threshold is 0.05.)
   * `Chained(rules)` -- logical AND of the rules (the reference's `ChainedEarlyStop`); an empty chain raises.
 
-Difference: only free positions count (fixed positions such as Sudoku givens never change, and a model that disagrees
+Difference: only free positions count (fixed positions such as a puzzle's givens never change, and a model that disagrees
 with a given would otherwise block stability forever); a canvas with no free position is stable at once.
 """
 

@@ -21,7 +21,7 @@ Differences from the reference, on purpose:
     KV and leaves RoPE gaps, docs/reference.md §5). Every random draw comes from the row's own key, so the same prompt and row key
     give the same tokens alone or inside any batch.
   * An empty prompt (a row with no real token) is rejected: start every prompt with BOS.
-  * Fixed positions over the generated region (`fixed`, `fixed_tokens`: infilling, a forced suffix, Sudoku givens)
+  * Fixed positions over the generated region (`fixed`, `fixed_tokens`: infilling, a forced suffix, a puzzle's givens)
     are passed to every canvas. Truncation still cuts at the first stop token, fixed or not; pass `stop_tokens=()` to
     keep a fixed suffix after a generated EOS.
   * `max_new_tokens` need not be a multiple of the canvas length: whole canvases are generated and the output is cut.

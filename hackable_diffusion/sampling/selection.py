@@ -16,7 +16,7 @@ What the canvas loop (`canvas.py`) does with them depends on the noise process:
     the reference behaviour (`SampleFromPredictions`, docs/reference.md §2.6): a token accepted at one step
     may be re-randomised at the next.
 
-Fixed positions (prompt givens, Sudoku clues, an infill context) are never undecided and never remasked.
+Fixed positions (prompt givens, puzzle clues, an infill context) are never undecided and never remasked.
 
 Rules and their references:
   * `EntropyBound` -- DiffusionGemma `SampleFromPredictions(entropy_bound=0.1)` and EB-Sampler (Ben-Hamu et al.
@@ -247,7 +247,7 @@ class EvenCount:
 class PowerCount:
     """round(#free ((i+1)/S)^exponent) positions decided after step i: exponent 1 is LLaDA's even split (rounded),
     exponent > 1 decides few positions early, while most are still masked, and many late, when the context has
-    pinned them down (for Sudoku: cells become forced as the grid fills)."""
+    pinned them down (in a puzzle: cells become forced as the grid fills)."""
 
     exponent: float = 2.0
 
@@ -265,19 +265,15 @@ class PowerCount:
 COUNT_RULES: dict[str, Any] = {"schedule": ScheduleCount, "cosine": CosineCount, "even": EvenCount, "power": PowerCount}
 
 
-def make_count(spec: str) -> Any:
-    """A count rule from a name, `"power:E"` for `PowerCount(E)`: "schedule", "cosine", "even", "power:2"."""
-    name, _, arg = spec.partition(":")
+def make_count(name: str, exponent: float | None = None) -> Any:
+    """A count rule by name: "schedule", "cosine", "even", or "power" with its `exponent` (`PowerCount`)."""
     if name not in COUNT_RULES:
-        raise ValueError(f"unknown count rule {spec!r}; choose one of {sorted(COUNT_RULES)} (e.g. 'power:2').")
-    if not arg:
-        return COUNT_RULES[name]()
-    if name != "power":
-        raise ValueError(f"count rule {name!r} takes no argument, got {spec!r}.")
-    try:
-        return PowerCount(float(arg))
-    except ValueError as error:
-        raise ValueError(f"count rule {spec!r}: {error}") from None
+        raise ValueError(f"unknown count rule {name!r}; choose one of {sorted(COUNT_RULES)}.")
+    if name == "power":
+        return PowerCount() if exponent is None else PowerCount(float(exponent))
+    if exponent is not None:
+        raise ValueError(f"count rule {name!r} takes no exponent (only 'power' does), got {exponent}.")
+    return COUNT_RULES[name]()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -471,16 +467,24 @@ SELECTION_RULES: dict[str, Any] = {
 }
 
 
-def make_selection(name: str, **kwargs) -> SelectionRule:
-    """Builds a selection rule by name, e.g. `make_selection("top_k_margin", gumbel_scale=0.5)`; top-k rules take
-    `count="cosine"` / `"power:2"` (`make_count`) for how many positions each step decides, `entropy_bound` takes
-    `min_count="even"` for a floor on it."""
-    if name not in SELECTION_RULES:
-        raise ValueError(f"unknown selection rule {name!r}; choose one of {sorted(SELECTION_RULES)}.")
-    for key in ("count", "min_count"):  # e.g. '{"count": "power:2"}' from a config string
-        if isinstance(kwargs.get(key), str):
-            kwargs = dict(kwargs, **{key: make_count(kwargs[key])})
+def make_selection(
+    rule: str, *, count: str | None = None, count_exponent: float | None = None, **kwargs
+) -> SelectionRule:
+    """Builds a selection rule by name with its arguments, e.g. `make_selection("top_k_margin", gumbel_scale=0.5)`.
+
+    Top-k rules take `count` ("schedule", "cosine", "even", "power" with `count_exponent`: `make_count`) for how many
+    positions each step decides; `entropy_bound` takes `min_count` (a count rule name) for a floor on it. Arguments a
+    rule does not take are refused with the rule's name.
+    """
+    if rule not in SELECTION_RULES:
+        raise ValueError(f"unknown selection rule {rule!r}; choose one of {sorted(SELECTION_RULES)}.")
+    if count is not None:
+        kwargs["count"] = make_count(count, count_exponent)
+    elif count_exponent is not None:
+        raise ValueError("count_exponent needs count='power'.")
+    if isinstance(kwargs.get("min_count"), str):
+        kwargs["min_count"] = make_count(kwargs["min_count"])
     try:
-        return SELECTION_RULES[name](**kwargs)
+        return SELECTION_RULES[rule](**kwargs)
     except TypeError as error:
-        raise ValueError(f"selection rule {name!r} does not take {sorted(kwargs)}: {error}") from None
+        raise ValueError(f"selection rule {rule!r} does not take {sorted(kwargs)}: {error}") from None

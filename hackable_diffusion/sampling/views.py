@@ -1,8 +1,7 @@
 """Symmetry views: a denoising step that averages the model over relabelled copies of the canvas (test-time augmentation).
 
-A task whose answers are equivariant under a group of symmetries (Sudoku: permuting the digits, the bands, the stacks,
-the rows inside a band, the columns inside a stack, and transposing the grid all map a puzzle and its solution to a
-puzzle and its solution) gives a denoiser more than one look at the same canvas: each view permutes the canvas positions
+A task whose answers are equivariant under a group of symmetries (a puzzle whose digits, rows and columns can be
+permuted without changing what a solution is) gives a denoiser more than one look at the same canvas: each view permutes the canvas positions
 and relabels the tokens, the model is run on every view in one batch, each view's log-probabilities are mapped back to
 the original positions and tokens, and the step uses their mean (the normalised geometric mean of the views'
 distributions). A trained network is only approximately equivariant, so the views disagree where it is unsure; their
@@ -10,10 +9,9 @@ mean is a better-calibrated denoiser. The cost is K network evaluations per step
 forward passes (what a step budget counts) does not change, the FLOPs per pass grow K-fold. Reported apart from the
 single-view figures.
 
-Not in DiffusionGemma, Ye et al. 2024 or Kim et al. 2025 (their Sudoku samplers run the model once per step); test-time
-augmentation over a task's symmetry group is a standard vision and puzzle-solving device, applied here per denoising
-step. `PermutationViews` holds any set of (position, token) permutations; `sudoku_views(K, seed)` draws K elements of
-the Sudoku group (the first is the identity).
+Not in DiffusionGemma (its sampler runs the model once per step); test-time augmentation over a task's symmetry group
+is a standard vision and puzzle-solving device, applied here per denoising step. `PermutationViews` holds any set of
+(position, token) permutations; a task draws them from its own symmetry group.
 """
 
 from __future__ import annotations
@@ -70,7 +68,7 @@ class PermutationViews:
         if c != self.canvas_length:
             raise ValueError(
                 f"the views permute {self.canvas_length} positions, the canvas has {c}; symmetry views need the "
-                f"task's own canvas (Sudoku in place: 81 cells)."
+                f"task's own canvas, solved in place."
             )
         positions = jnp.asarray(self.positions, jnp.int32)
         tokens = jnp.asarray(self.tokens, jnp.int32)
@@ -95,46 +93,14 @@ class PermutationViews:
     ) -> Float[Array, "b c v"]:
         return self.from_views(logits_fn(self.to_views(canvas)))
 
-
-def sudoku_views(num_views: int, seed: int = 0, *, first_digit_id: int = 4, vocab_size: int = 13) -> PermutationViews:
-    """K random elements of the Sudoku symmetry group (view 0 = the identity), digits as ids first_digit_id.. + 8.
-
-    Each element: a random order of the bands and of the rows inside each band, the same for stacks and columns, a
-    transpose with probability 1/2, and a random relabelling of the nine digits. Deterministic in (num_views, seed).
-    """
-    if num_views < 1:
-        raise ValueError(f"sudoku_views needs num_views >= 1, got {num_views}.")
-    rng = np.random.default_rng(seed)
-    positions, tokens = [tuple(range(81))], [tuple(range(vocab_size))]
-    for _ in range(num_views - 1):
-        rows = np.concatenate([3 * band + rng.permutation(3) for band in rng.permutation(3)])
-        cols = np.concatenate([3 * stack + rng.permutation(3) for stack in rng.permutation(3)])
-        grid = rows[:, None] * 9 + cols[None, :]
-        if rng.random() < 0.5:
-            grid = grid.T
-        token_map = np.arange(vocab_size)
-        token_map[first_digit_id : first_digit_id + 9] = first_digit_id + rng.permutation(9)
-        positions.append(tuple(int(i) for i in grid.reshape(-1)))
-        tokens.append(tuple(int(i) for i in token_map))
-    return PermutationViews(tuple(positions), tuple(tokens))
-
-
-def unrelabel_grids(views: PermutationViews, copies: Int[np.ndarray, "k b c"]) -> Int[np.ndarray, "k b c"]:
-    """The inverse of `PermutationViews.to_views` for grids of tokens (its rows reshaped to (K, b, c)), on the host:
-    each view's grids mapped back to the original positions and tokens."""
-    copies = np.asarray(copies)
-    positions, tokens = np.asarray(views.positions), np.asarray(views.tokens)
-    out = np.empty_like(copies)
-    for k in range(views.num_views):
-        out[k][:, positions[k]] = np.argsort(tokens[k])[copies[k]]
-    return out
-
-
-def make_views(spec: str) -> PermutationViews | None:
-    """Views by name: "" or "none" -> None; "sudoku:K" (or "sudoku:K:SEED") -> `sudoku_views(K, SEED)`."""
-    if spec in ("", "none"):
-        return None
-    parts = spec.split(":")
-    if parts[0] == "sudoku" and len(parts) in (2, 3) and all(p.isdigit() for p in parts[1:]):
-        return sudoku_views(int(parts[1]), int(parts[2]) if len(parts) == 3 else 0)
-    raise ValueError(f"unknown views {spec!r}; use 'sudoku:K' (K views, e.g. 'sudoku:8'), 'sudoku:K:SEED' or 'none'.")
+    def restore(self, copies: Int[np.ndarray, "k b c"]) -> Int[np.ndarray, "k b c"]:
+        """The inverse of `to_views` for canvases of tokens (its rows reshaped to (K, b, c)), on the host: each view's
+        tokens mapped back to the original positions and ids."""
+        copies = np.asarray(copies)
+        if copies.shape[0] != self.num_views or copies.shape[-1] != self.canvas_length:
+            raise ValueError(f"expected ({self.num_views}, b, {self.canvas_length}) copies, got {copies.shape}.")
+        positions, tokens = np.asarray(self.positions), np.asarray(self.tokens)
+        out = np.empty_like(copies)
+        for k in range(self.num_views):
+            out[k][:, positions[k]] = np.argsort(tokens[k])[copies[k]]
+        return out

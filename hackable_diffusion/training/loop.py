@@ -116,6 +116,21 @@ class LoopConfig:
     flops_per_token: float | None = None
     peak_flops: float | None = None
 
+    @classmethod
+    def from_config(cls, train: ml_collections.ConfigDict, **extra: Any) -> LoopConfig:
+        """The loop settings of a config's `train` section (num_steps, grad_accum_steps, ema_decay, log_every,
+        checkpoint_every, keep_checkpoints, eval_every); `extra` sets the rest (seed, tokens_per_example, ...)."""
+        return cls(
+            total_steps=int(train.num_steps),
+            grad_accum_steps=int(train.grad_accum_steps),
+            ema_decay=float(train.ema_decay),
+            log_every=int(train.log_every),
+            checkpoint_every=int(train.checkpoint_every),
+            keep_checkpoints=int(train.keep_checkpoints),
+            eval_every=int(train.eval_every),
+            **extra,
+        )
+
     def __post_init__(self):
         if self.total_steps < 1:
             raise ValueError(f"total_steps must be >= 1, got {self.total_steps}.")
@@ -140,28 +155,18 @@ def train(
     init_fn: Callable[[jax.Array], PyTree],
     loss_fn: Callable[..., Any],
     train_iterator: Iterator[Mapping[str, np.ndarray]],
-    total_steps: int,
+    loop: LoopConfig,
     optimizer_cfg: ml_collections.ConfigDict,
     mesh: Mesh,
     param_logical_axes_fn: sharding.LogicalAxesFn,
     rules: sharding.Rules = sharding.DEFAULT_RULES,
-    seed: int = 0,
-    grad_accum_steps: int = 1,
-    ema_decay: float = 0.0,
-    log_every: int = 10,
-    checkpoint_every: int = 1000,
-    keep_checkpoints: int = 3,
     eval_fn: EvalFn | None = None,
-    eval_every: int = 0,
-    tokens_per_example: int | None = None,
-    flops_per_token: float | None = None,
-    peak_flops: float | None = None,
     trainable_mask: Any = None,
     hooks: Sequence[Hook] = (),
     drop_indivisible: bool = False,
     compiler_options: Mapping[str, Any] | None = None,
 ) -> TrainState:
-    """Trains until `total_steps` (resuming from `workdir/checkpoints` if present) and returns the final state.
+    """Trains until `loop.total_steps` (resuming from `workdir/checkpoints` if present) and returns the final state.
 
     Args:
       workdir: run directory; gets checkpoints/, metrics.jsonl and tensorboard/.
@@ -169,29 +174,19 @@ def train(
       loss_fn: `loss_fn(params, batch, key) -> (loss, metrics)`, the loss a mean over examples.
       train_iterator: yields this process's rows of each global batch (dict of numpy arrays); checkpointed if it has
         get_state/set_state.
+      loop: how long to train, and how often to log, evaluate and checkpoint (`LoopConfig.from_config(config.train,
+        ...)` for a config's `train` section).
       optimizer_cfg: see `optimizers.make_optimizer`.
       mesh, param_logical_axes_fn, rules, drop_indivisible: see `sharding.param_shardings`.
-      eval_fn: `eval_fn(params, ema_params) -> metrics`, called every `eval_every` steps and at the end.
-      tokens_per_example, flops_per_token, peak_flops: for tokens/s and MFU in the progress line.
+      eval_fn: `eval_fn(params, ema_params) -> metrics`, called every `loop.eval_every` steps and at the end.
+      trainable_mask: a pytree of bools (LoRA, a frozen router): only True leaves are updated.
       hooks: `hook(step, state, metrics)` after every step (after logging and checkpointing).
       compiler_options: XLA options for the init and train-step programs (see `train_state.jit_train_step`).
 
     Raises:
       NonFiniteLossError: the loss or gradients became NaN/Inf (message names the step and last good checkpoint).
     """
-    cfg = LoopConfig(
-        total_steps=total_steps,
-        seed=seed,
-        grad_accum_steps=grad_accum_steps,
-        ema_decay=ema_decay,
-        log_every=log_every,
-        checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints,
-        eval_every=eval_every,
-        tokens_per_example=tokens_per_example,
-        flops_per_token=flops_per_token,
-        peak_flops=peak_flops,
-    )
+    cfg = loop
     optimizer = optimizers.make_optimizer(optimizer_cfg, trainable_mask)
     schedule = optimizers.make_lr_schedule(optimizer_cfg)
     init_key, train_key = jax.random.split(jax.random.key(cfg.seed))

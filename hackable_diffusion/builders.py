@@ -1,0 +1,146 @@
+"""Config values -> objects: the model, the noise process, the loss, the objective, the sampler, the optimizer section.
+
+A config holds plain values so that every one can be overridden on the command line (`--config.diffusion.loss=elbo`);
+each function here is the one factory that turns a section into frozen dataclasses (`diffusion.schedules`,
+`diffusion.training_losses`, `diffusion.objectives`, `sampling.selection`, `sampling.canvas.DiffusionSampler`), so a
+notebook can build the same pieces by hand and swap any of them. Where a config names a class (a schedule, a time
+sampler, a loss, a selection rule, an early-stopping rule) there is one lookup with an error listing the choices.
+Tasks (`tasks/`) add their own pieces: a constraint and views for the sampler, a wrapper around the objective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from hackable_diffusion.data.tokenizers import MASK_ID, NEVER_GENERATED
+from hackable_diffusion.diffusion import objectives as obj_lib
+from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess, UniformProcess
+from hackable_diffusion.diffusion.schedules import make_schedule, make_time_sampler
+from hackable_diffusion.diffusion.training_losses import DiffusionLoss, make_diffusion_loss
+from hackable_diffusion.models import transformer as T
+from hackable_diffusion.models.config import TransformerConfig
+from hackable_diffusion.sampling.canvas import DiffusionSampler
+from hackable_diffusion.sampling.constraints import LogitConstraint
+from hackable_diffusion.sampling.early_stopping import make_early_stopping
+from hackable_diffusion.sampling.selection import SelectionRule, make_selection
+from hackable_diffusion.sampling.temperature import AnnealedTemperature
+from hackable_diffusion.sampling.views import PermutationViews
+
+PROCESSES = ("uniform", "masking", "none")  # "none": the autoregressive baseline
+OBJECTIVES = ("pretrain", "sft", "ar")
+
+
+def build_model(config: ml_collections.ConfigDict, vocab_size: int) -> T.Transformer:
+    shape = config.model.to_dict()
+    shape["vocab_size"] = vocab_size
+    return T.Transformer(TransformerConfig.from_dict(shape))
+
+
+def build_process(config: ml_collections.ConfigDict, vocab_size: int) -> NoiseProcess | None:
+    """The noise process of `config.diffusion` (None for the autoregressive baseline, process "none")."""
+    d = config.diffusion
+    if d.process not in PROCESSES:
+        raise ValueError(f"config.diffusion.process={d.process!r} must be one of {PROCESSES}.")
+    if d.process == "none":
+        return None
+    schedule = make_schedule(d.schedule, eps=d.schedule_eps)
+    if d.process == "masking":
+        return MaskingProcess(vocab_size=vocab_size, schedule=schedule, mask_id=MASK_ID)
+    return UniformProcess(vocab_size=vocab_size, schedule=schedule, excluded_ids=tuple(d.excluded_ids))
+
+
+def build_loss(config: ml_collections.ConfigDict) -> DiffusionLoss:
+    """`config.diffusion.loss` with its arguments: masked_ce takes token_reweight_alpha / token_reweight_gamma."""
+    d = config.diffusion
+    alpha, gamma = float(d.get("token_reweight_alpha", 1.0)), float(d.get("token_reweight_gamma", 0.0))
+    if d.loss == "masked_ce":
+        return make_diffusion_loss("masked_ce", alpha=alpha, gamma=gamma)
+    if (alpha, gamma) != (1.0, 0.0):
+        raise ValueError(
+            f"config.diffusion.token_reweight_alpha/gamma weigh masked_ce's per-position CE; loss={d.loss!r} has none. "
+            "Set config.diffusion.loss='masked_ce', or reset them to 1 and 0."
+        )
+    return make_diffusion_loss(d.loss)
+
+
+def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, process: NoiseProcess | None):
+    """The training objective of `config.diffusion`: pretraining (one canvas or block diffusion), canvas SFT, or the
+    autoregressive baseline."""
+    d = config.diffusion
+    if d.objective not in OBJECTIVES:
+        raise ValueError(f"config.diffusion.objective={d.objective!r} must be one of {OBJECTIVES}.")
+    if d.objective == "ar" or process is None:
+        return obj_lib.AutoregressiveObjective(model)
+    common = dict(
+        time_sampler=make_time_sampler(d.time_sampler, **_interval(d)),
+        loss=build_loss(config),
+        encoder_ar_weight=d.encoder_ar_weight,
+        self_condition_prob=d.self_condition_prob,
+        null_signal=d.null_signal,
+    )
+    if d.objective == "pretrain":
+        return obj_lib.DiffusionPretrainObjective(model, process, canvas_len=d.canvas_len or None, **common)
+    return obj_lib.CanvasSFTObjective(model, process, canvas_len=d.canvas_len, **common)
+
+
+def _interval(d: ml_collections.ConfigDict) -> dict[str, float]:
+    """The time sampler's interval arguments from t_min / t_max (clipped_uniform calls them beta / omega)."""
+    if d.time_sampler == "clipped_uniform":
+        return dict(beta=d.t_min, omega=d.t_max)
+    return dict(t_min=d.t_min, t_max=d.t_max)
+
+
+def build_selection(section: ml_collections.ConfigDict) -> SelectionRule:
+    """`config.sampler.selection`: the rule's name (`rule`) and its arguments; an argument left unset (None) takes
+    the rule's own default."""
+    args = {k: v for k, v in section.items() if k != "rule" and v is not None}
+    return make_selection(section.rule, **args)
+
+
+def build_sampler(
+    config: ml_collections.ConfigDict,
+    process: NoiseProcess,
+    *,
+    constraint: LogitConstraint | None = None,
+    views: PermutationViews | None = None,
+    **overrides: Any,
+) -> DiffusionSampler:
+    """The diffusion sampler of `config.sampler`; a task adds its constraint and views, `overrides` replace fields."""
+    s = config.sampler
+    sampler = DiffusionSampler(
+        process=process,
+        selection=build_selection(s.selection),
+        temperature=AnnealedTemperature(s.min_temperature, s.max_temperature, s.temperature_exponent),
+        early_stopping=make_early_stopping(s.early_stopping),
+        num_steps=s.num_steps,
+        canvas_length=s.canvas_len,
+        null_signal=config.diffusion.null_signal,
+        forbidden_tokens=NEVER_GENERATED,
+        score_temperature=s.get("score_temperature", 0.0) or None,  # 0 = score the sampling distribution
+        sc_temperature=s.get("sc_temperature", 0.0) or None,  # 0 = feed back the sampling distribution
+        constraint=constraint,
+        views=views,
+    )
+    return sampler.replace(**overrides) if overrides else sampler
+
+
+def optimizer_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The optimizer section with `total_steps` resolved (0 means `train.num_steps`)."""
+    cfg = config.optimizer.copy_and_resolve_references()
+    if not cfg.total_steps:
+        cfg.total_steps = config.train.num_steps
+    return cfg
+
+
+def objective_passes(config: ml_collections.ConfigDict) -> float:
+    """Forward passes over the sequence per training step: 1 (AR, one canvas), 2 (encoder + decoder), +1 with
+    self-conditioning (its first pass runs without gradients, counted fully here)."""
+    d = config.diffusion
+    if d.objective == "ar" or d.process == "none":
+        return 1.0
+    passes = 1.0 if (d.objective == "pretrain" and not d.canvas_len) else 2.0
+    if d.self_condition_prob > 0 and config.model.get("self_conditioning", False):
+        passes += 1.0
+    return passes

@@ -1,1 +1,0 @@
-"""evals sub-package."""

@@ -1,0 +1,311 @@
+"""Hugging Face `config.json` <-> `TransformerConfig` for DiffusionGemma (`diffusion_gemma`) and Gemma-4 (`gemma4`,
+`gemma4_text`), and the `generation_config.json` fields of the toolbox's sampler.
+
+Follows the config classes of `transformers` 5.23 (`configuration_diffusion_gemma.py`, `configuration_gemma4.py`).
+Config fields the toolbox cannot express (another activation, attention bias, per-layer input embeddings, KV sharing,
+double-wide MLPs, a dense Gemma-4 block without experts, untied embeddings, bidirectional text attention, RoPE
+scaling) are refused by name, never dropped. The weights are `hf_convert.py`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+
+from hackable_diffusion.models.config import MoEConfig, TransformerConfig
+
+DIFFUSION_GEMMA = "diffusion_gemma"
+GEMMA4_TEXT = "gemma4_text"
+MODEL_TYPES = (DIFFUSION_GEMMA, "gemma4", GEMMA4_TEXT)
+LAYER_TYPES = {"sliding_attention": "local", "full_attention": "global"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HFModelInfo:
+    """What a Hugging Face directory says beyond the model shape."""
+
+    model_type: str
+    canvas_length: int | None = None  # DiffusionGemma's block length
+    generation: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # generation_config.json
+    eos_token_ids: tuple[int, ...] = (1,)
+    dtype: str = "float32"
+    vision_config: Mapping[str, Any] | None = None
+
+
+def _refuse(field: str, value: Any, why: str) -> None:
+    raise ValueError(f"config.json field {field}={value!r} cannot be expressed by the toolbox: {why}.")
+
+
+def _layer_pattern(layer_types: Sequence[str]) -> tuple[str, ...]:
+    """The shortest repeating pattern of `layer_types` (the toolbox scans one pattern group at a time)."""
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    if unknown:
+        _refuse("layer_types", unknown, f"only {sorted(LAYER_TYPES)} exist in Gemma-4")
+    types = [LAYER_TYPES[t] for t in layer_types]
+    for period in range(1, len(types) + 1):
+        if len(types) % period == 0 and types == types[:period] * (len(types) // period):
+            return tuple(types[:period])
+    raise AssertionError("unreachable: the whole list is always a period")
+
+
+def config_from_hf(
+    hf: Mapping[str, Any], *, dtype: str | None = None, dispatch: str | None = None, decoder_window: str = "per_token"
+) -> tuple[TransformerConfig, HFModelInfo]:
+    """A `config.json` (dict) of a DiffusionGemma or Gemma-4 checkpoint -> (TransformerConfig, HFModelInfo).
+
+    dtype: parameter and compute dtype (None: the checkpoint's). dispatch: the MoE dispatch (None: dropless, "ragged"
+    on an accelerator, "sorted" with capacity E / k on a CPU). decoder_window: "per_token" (gemma library) or
+    "cache_tail" (transformers), see TransformerConfig.decoder_window."""
+    model_type = hf.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"config.json model_type={model_type!r} is not one of {MODEL_TYPES}.")
+    text = dict(hf.get("text_config") or hf) if model_type != GEMMA4_TEXT else dict(hf)
+    checks = {
+        "hidden_activation": ("gelu_pytorch_tanh", "the toolbox's FFNs are gated GELU (tanh)"),
+        "attention_bias": (False, "the toolbox's projections have no bias"),
+        "use_double_wide_mlp": (False, "double-wide MLPs are not implemented"),
+        "num_kv_shared_layers": (0, "KV sharing across layers is not implemented"),
+        "use_bidirectional_attention": (None, "the text stack must be causal (its KV cache feeds the canvases)"),
+        "tie_word_embeddings": (True, "the head is tied to the embedding"),
+    }
+    for field, (allowed, why) in checks.items():
+        if text.get(field, allowed) != allowed and not (
+            field == "use_bidirectional_attention" and text[field] == "vision"
+        ):
+            _refuse(f"text_config.{field}", text.get(field), why)
+    if text.get("hidden_size_per_layer_input"):
+        _refuse(
+            "text_config.hidden_size_per_layer_input",
+            text["hidden_size_per_layer_input"],
+            "per-layer input embeddings are not implemented (set 0)",
+        )
+    if model_type != DIFFUSION_GEMMA and not text.get("enable_moe_block", False):
+        _refuse(
+            "text_config.enable_moe_block",
+            text.get("enable_moe_block"),
+            "a dense Gemma-4 block (one FFN with two "
+            "norms) is not the toolbox's layout, which keeps the dense FFN beside experts",
+        )
+    if not text.get("num_experts") or not text.get("top_k_experts") or not text.get("moe_intermediate_size"):
+        _refuse(
+            "text_config.num_experts",
+            text.get("num_experts"),
+            "the model needs its MoE block (num_experts, top_k_experts, moe_intermediate_size)",
+        )
+    layer_types = list(text["layer_types"])
+    if len(layer_types) != text["num_hidden_layers"]:
+        _refuse(
+            "text_config.layer_types", len(layer_types), f"it must list num_hidden_layers={text['num_hidden_layers']}"
+        )
+    pattern = _layer_pattern(layer_types)
+
+    per_layer = {int(k): dict(v) for k, v in (text.get("per_layer_config") or {}).items()}
+    head_dim, kv_heads = int(text["head_dim"]), int(text["num_key_value_heads"])
+    global_dims = set()
+    for index, kind in enumerate(layer_types):
+        override = per_layer.get(index, {})
+        dims = (int(override.get("head_dim", head_dim)), int(override.get("num_key_value_heads", kv_heads)))
+        if kind == "sliding_attention" and dims != (head_dim, kv_heads):
+            _refuse(f"text_config.per_layer_config[{index}]", override, "sliding layers share one head shape")
+        if kind == "full_attention":
+            global_dims.add(dims)
+    if len(global_dims) > 1:
+        _refuse("text_config.per_layer_config", sorted(global_dims), "global layers share one head shape")
+    global_head_dim, global_kv_heads = global_dims.pop() if global_dims else (head_dim, kv_heads)
+
+    rope = text.get("rope_parameters") or {}
+    local_rope, global_rope = dict(rope.get("sliding_attention", {})), dict(rope.get("full_attention", {}))
+    if local_rope.get("rope_type", "default") != "default" or local_rope.get("partial_rotary_factor", 1.0) != 1.0:
+        _refuse("text_config.rope_parameters.sliding_attention", local_rope, "local layers rotate the whole head")
+    if global_rope.get("rope_type", "default") not in ("default", "proportional"):
+        _refuse("text_config.rope_parameters.full_attention", global_rope, "only default or proportional RoPE")
+    if global_rope.get("rope_type", "default") == "default" and global_rope.get("partial_rotary_factor", 1.0) != 1.0:
+        _refuse("text_config.rope_parameters.full_attention", global_rope, "partial default RoPE changes the head size")
+    for name, params in (("sliding_attention", local_rope), ("full_attention", global_rope)):
+        if params.get("factor", 1.0) != 1.0 or any(
+            k in params for k in ("rope_scaling", "original_max_position_embeddings")
+        ):
+            _refuse(f"text_config.rope_parameters.{name}", params, "RoPE scaling is not implemented")
+
+    k_eq_v = True if model_type == DIFFUSION_GEMMA else bool(text.get("attention_k_eq_v", False))
+    num_experts, top_k = int(text["num_experts"]), int(text["top_k_experts"])
+    if dispatch is None:
+        dispatch = "ragged" if jax.default_backend() != "cpu" else "sorted"
+    moe = MoEConfig(
+        num_experts=num_experts,
+        top_k=top_k,
+        hidden_dim=int(text["moe_intermediate_size"]),
+        dispatch=dispatch,
+        capacity_factor=num_experts / top_k,  # sorted: a slot for every assignment, nothing dropped
+        load_balance_weight=0.0,
+        router_z_weight=0.0,
+    )
+    checkpoint_dtype = str(hf.get("dtype") or hf.get("torch_dtype") or text.get("dtype") or "float32")
+    dtype = dtype or checkpoint_dtype
+    cfg = TransformerConfig(
+        vocab_size=int(text["vocab_size"]),
+        embed_dim=int(text["hidden_size"]),
+        num_layers=int(text["num_hidden_layers"]),
+        num_heads=int(text["num_attention_heads"]),
+        head_dim=head_dim,
+        num_kv_heads=kv_heads,
+        ffw_hidden=int(text["intermediate_size"]),
+        moe=moe,
+        layer_pattern=pattern,
+        sliding_window=int(text["sliding_window"]),
+        decoder_window=decoder_window,
+        global_head_dim=global_head_dim,
+        global_num_kv_heads=global_kv_heads,
+        k_eq_v_global=k_eq_v,
+        rope_local_base=float(local_rope.get("rope_theta", 10_000.0)),
+        rope_local_proportion=1.0,
+        rope_global_base=float(global_rope.get("rope_theta", 1_000_000.0)),
+        rope_global_proportion=float(global_rope.get("partial_rotary_factor", 1.0)),
+        qk_norm=True,
+        v_norm=True,
+        scale_queries=False,
+        # DiffusionGemma's text config declares the soft-cap as a class constant (30), so config.json may omit it
+        final_logit_softcap=text.get("final_logit_softcapping", 30.0 if model_type == DIFFUSION_GEMMA else None),
+        norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        param_dtype=dtype,
+        compute_dtype=dtype,
+        self_conditioning=model_type == DIFFUSION_GEMMA,
+    )
+    eos = text.get("eos_token_id", 1)
+    info = HFModelInfo(
+        model_type=model_type,
+        canvas_length=hf.get("canvas_length") if model_type == DIFFUSION_GEMMA else None,
+        eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),),
+        dtype=checkpoint_dtype,
+        vision_config=hf.get("vision_config"),
+    )
+    return cfg, info
+
+
+def _refuse_export(cfg: TransformerConfig, model_type: str) -> None:
+    problems = {
+        "moe": (cfg.moe is None, "Hugging Face's Gemma-4 MoE layout needs experts beside the dense FFN"),
+        "qk_norm": (not cfg.qk_norm, "Gemma-4 always norms q and k"),
+        "v_norm": (not cfg.v_norm, "Gemma-4 always norms v"),
+        "scale_queries": (cfg.scale_queries, "Gemma-4 has no 1/sqrt(d) factor"),
+        "rope_local_proportion": (cfg.rope_local_proportion != 1.0, "local layers rotate the whole head"),
+        "grid_embeddings": (bool(cfg.grid_embeddings), "no Hugging Face layer holds grid embeddings"),
+        "grid_attention_bias": (bool(cfg.grid_attention_bias), "no Hugging Face layer holds a grid bias"),
+        "depth_loops": (cfg.depth_loops != 1, "looped depth is not a Hugging Face architecture"),
+        "self_conditioning": (
+            cfg.self_conditioning != (model_type == DIFFUSION_GEMMA),
+            "DiffusionGemma needs its self-conditioner and Gemma-4 has none",
+        ),
+        "k_eq_v_global": (
+            model_type == DIFFUSION_GEMMA and not cfg.k_eq_v_global,
+            "DiffusionGemma's global layers share one K=V projection",
+        ),
+    }
+    for field, (bad, why) in problems.items():
+        if bad:
+            raise ValueError(f"model.{field}={getattr(cfg, field)!r} cannot be exported as {model_type}: {why}.")
+
+
+def config_to_hf(
+    cfg: TransformerConfig,
+    *,
+    model_type: str = DIFFUSION_GEMMA,
+    canvas_length: int = 256,
+    dtype: str | None = None,
+    vision_config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The `config.json` dict of `cfg` as a DiffusionGemma or text-only Gemma-4 checkpoint (inverse of
+    `config_from_hf` for every field the toolbox holds)."""
+    if model_type not in (DIFFUSION_GEMMA, GEMMA4_TEXT):
+        raise ValueError(f"model_type={model_type!r} must be {DIFFUSION_GEMMA!r} or {GEMMA4_TEXT!r}.")
+    _refuse_export(cfg, model_type)
+    types = ["sliding_attention" if t == "local" else "full_attention" for t in cfg.layer_types()]
+    rope_global = {"rope_type": "proportional", "partial_rotary_factor": cfg.rope_global_proportion}
+    text = {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.embed_dim,
+        "intermediate_size": cfg.ffw_hidden,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": cfg.norm_eps,
+        "layer_types": types,
+        "sliding_window": cfg.sliding_window,
+        "per_layer_config": {
+            str(i): {"head_dim": cfg.global_attn_head_dim, "num_key_value_heads": cfg.global_kv_heads}
+            for i, t in enumerate(types)
+            if t == "full_attention"
+        },
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_base},
+            "full_attention": dict(rope_global, rope_theta=cfg.rope_global_base),
+        },
+        "num_experts": cfg.moe.num_experts,
+        "top_k_experts": cfg.moe.top_k,
+        "moe_intermediate_size": cfg.moe.hidden_dim,
+        "final_logit_softcapping": cfg.final_logit_softcap,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "bos_token_id": 2,
+        "max_position_embeddings": 131_072,
+        "use_bidirectional_attention": None,
+    }
+    dtype = dtype or cfg.param_dtype
+    if model_type == GEMMA4_TEXT:
+        return dict(
+            text,
+            model_type=GEMMA4_TEXT,
+            architectures=["Gemma4ForCausalLM"],
+            attention_k_eq_v=cfg.k_eq_v_global,
+            enable_moe_block=True,
+            hidden_size_per_layer_input=0,
+            num_kv_shared_layers=0,
+            use_double_wide_mlp=False,
+            dtype=dtype,
+        )
+    return {
+        "architectures": ["DiffusionGemmaForBlockDiffusion"],
+        "model_type": DIFFUSION_GEMMA,
+        "canvas_length": canvas_length,
+        "tie_word_embeddings": True,
+        "dtype": dtype,
+        "text_config": dict(text, model_type="diffusion_gemma_text"),
+        # The vision tower is not used for text; without one from a source checkpoint a one-layer stand-in is declared.
+        "vision_config": dict(vision_config or MINIMAL_VISION_CONFIG),
+    }
+
+
+MINIMAL_VISION_CONFIG = {
+    "model_type": "gemma4_vision",
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "position_embedding_size": 64,
+    "patch_size": 4,
+}
+
+
+def generation_config_from_sampler(sampler: Mapping[str, Any]) -> dict[str, Any]:
+    """`generation_config.json` fields for the toolbox's sampler defaults where transformers has a field for them."""
+    out: dict[str, Any] = {"max_denoising_steps": int(sampler.get("num_steps", 48))}
+    selection = dict(sampler.get("selection") or {"rule": "entropy_bound"})  # config.sampler.selection
+    if selection.get("rule") == "entropy_bound":
+        out["sampler_config"] = {
+            "entropy_bound": float(selection.get("gamma") or 0.1),
+            "_cls_name": "EntropyBoundSamplerConfig",
+        }
+    if "min_temperature" in sampler:
+        out["t_min"], out["t_max"] = float(sampler["min_temperature"]), float(sampler["max_temperature"])
+    if sampler.get("early_stopping", "diffusiongemma") == "diffusiongemma":
+        out["stability_threshold"], out["confidence_threshold"] = 1, 0.005
+    return out

@@ -1,0 +1,306 @@
+"""The text task: language modelling on a packed corpus (tiny Shakespeare, Penn Treebank).
+
+Data and tokenizers come from `data.text` (nanoGPT's Shakespeare split, Mikolov's PTB). Scores: the validation
+likelihood in bits per token, per character (Shakespeare) or perplexity per word (PTB) — the exact NLL of an
+autoregressive run, the ELBO of a diffusion run with its Monte-Carlo standard error over batches; samples from the
+run's sampler; and their generative perplexity under an autoregressive scorer run (with the unigram entropy of the
+samples, which exposes a collapsed, repetitive sampler that a low perplexity alone would hide).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Sequence
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from hackable_diffusion import builders
+from hackable_diffusion.data import text as text_lib
+from hackable_diffusion.data.canvas import CanvasChunker, collate_examples
+from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, NEVER_GENERATED, Tokenizer
+from hackable_diffusion.diffusion.training_losses import ArCE
+from hackable_diffusion.models import transformer as T
+from hackable_diffusion.sampling import generate as gen_lib
+
+if TYPE_CHECKING:
+    from hackable_diffusion.experiment import Experiment
+
+
+@dataclasses.dataclass(frozen=True)
+class TextTask:
+    """`tasks.Task` for packed text corpora (`config.data`: corpus, tokenizer, vocab_size, seq_len, data_dir)."""
+
+    name: str = "text"
+
+    def check_config(self, config: ml_collections.ConfigDict) -> None:
+        d = config.data
+        text_lib.check_corpus(d.corpus, d.tokenizer, d.data_dir or None)
+
+    def upgrade_saved_config(self, config: ml_collections.ConfigDict) -> None:
+        pass  # no task-specific keys have changed
+
+    def build_data(self, config: ml_collections.ConfigDict, workdir: str) -> text_lib.TextData:
+        d = config.data
+        return text_lib.build_text_data(
+            d.corpus, d.tokenizer, d.vocab_size or None, d.seq_len, workdir, data_dir=d.data_dir or None
+        )
+
+    def adapt_objective(self, config, model, objective):
+        return objective
+
+    def train_iterator(self, exp: Experiment, process_index: int, process_count: int):
+        return text_lib.make_train_iterator(
+            exp.data.train_sequences,
+            exp.config.data.batch_size,
+            exp.config.seed,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    def eval_fn(self, exp: Experiment, workdir: str):
+        config = exp.config
+
+        def evaluate(params, ema_params):
+            use = ema_params if ema_params is not None else params
+            out = evaluate_likelihood(exp, use, num_batches=config.eval.num_batches)
+            if config.eval.num_samples and jax.process_count() == 1:
+                prompts = [config.sampler.prompt] * config.eval.num_samples
+                texts, result = sample_texts(exp, use, prompts, seed=config.seed)
+                out["sample_forward_passes"] = result.forward_passes
+                with open(pathlib.Path(workdir) / "samples.txt", "a") as f:
+                    f.write("--- eval samples ---\n" + "".join(f"{config.sampler.prompt}{t}\n" for t in texts))
+                print("eval sample: " + repr(config.sampler.prompt + texts[0][:200]), flush=True)
+            return {k: v for k, v in out.items() if isinstance(v, (int, float))}
+
+        return evaluate
+
+    def report(self, exp: Experiment, params) -> str:
+        config = exp.config
+        texts, result = sample_texts(exp, params, [config.sampler.prompt], seed=config.seed)
+        kind = "autoregressive" if exp.is_autoregressive else f"diffusion ({config.sampler.selection.rule})"
+        return f"Sample ({kind}, {result.forward_passes} forward passes):\n{config.sampler.prompt}{texts[0]}"
+
+
+def sample_texts(
+    exp: Experiment,
+    params,
+    prompts: list[str],
+    *,
+    seed: int = 0,
+    max_new_tokens: int | None = None,
+    return_trajectory: bool = False,
+) -> tuple[list[str], gen_lib.GenerationResult]:
+    """Generates a continuation of each prompt with the experiment's sampler (diffusion) or AR decoding;
+    `return_trajectory` keeps every denoising step's canvas (diffusion)."""
+    s = exp.config.sampler
+    max_new = max_new_tokens or s.max_new_tokens
+    ids = [[BOS_ID] + exp.tokenizer.encode(p) for p in prompts]
+    trained = int(exp.config.data.get("seq_len") or 0)
+    longest = max(len(row) for row in ids)
+    if trained and longest + max_new > 2 * trained:
+        print(
+            f"warning: prompt ({longest} tokens) + {max_new} new tokens is far longer than the {trained}-token "
+            "sequences the model was trained on; positions it never saw may degrade the output.",
+            flush=True,
+        )
+    if exp.is_autoregressive:
+        result = gen_lib.generate_ar(
+            exp.model,
+            params,
+            ids,
+            key=seed,
+            max_new_tokens=max_new,
+            sampling=gen_lib.ARSampling(temperature=s.ar_temperature),
+            forbidden_tokens=NEVER_GENERATED,
+        )
+    else:
+        sampler = builders.build_sampler(exp.config, exp.process)
+        max_new = int(math.ceil(max_new / sampler.canvas_length) * sampler.canvas_length)
+        result = gen_lib.generate(
+            exp.model,
+            params,
+            ids,
+            sampler=sampler,
+            key=seed,
+            max_new_tokens=max_new,
+            stop_tokens=(EOS_ID,),
+            return_trajectory=return_trajectory,
+        )
+    texts = [exp.tokenizer.decode(np.asarray(row)) for row in result.tokens]
+    return texts, result
+
+
+def generative_perplexity(
+    scorer: Experiment,
+    params,
+    prompts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 16,
+) -> dict[str, float]:
+    """Generative perplexity: the NLL of generated `continuations` under an autoregressive `scorer` run, conditioned
+    on their `prompts` (token ids of the scorer's tokenizer, BOS included in the prompt), counted on the
+    continuation tokens only (up to and including the first EOS). Returns nats/bits per token, the perplexity and the
+    unigram entropy of the continuations (a collapsed, repetitive sampler scores a low perplexity *and* a low
+    entropy)."""
+    if not scorer.is_autoregressive:
+        raise ValueError("generative_perplexity needs an autoregressive scorer run (config.diffusion.process='none').")
+    if len(prompts) != len(continuations) or not prompts:
+        raise ValueError(f"need as many prompts as continuations (>= 1), got {len(prompts)} and {len(continuations)}.")
+    rows, targets = [], []
+    for prompt, cont in zip(prompts, continuations):
+        cont = list(cont)
+        if EOS_ID in cont:
+            cont = cont[: cont.index(EOS_ID) + 1]
+        rows.append(list(prompt) + cont)
+        targets.append([False] * len(prompt) + [True] * len(cont))
+    width = max(len(r) for r in rows)
+    tokens = np.zeros((len(rows), width), np.int32)
+    target = np.zeros((len(rows), width), bool)
+    for i, (row, tgt) in enumerate(zip(rows, targets)):
+        tokens[i, : len(row)], target[i, : len(row)] = row, tgt
+
+    @jax.jit
+    def score(p, tok, tgt):
+        logits, _ = T.forward(scorer.model, p, tok, token_mask=tok != 0, causal=True)
+        per_example, count = ArCE()(logits, tok, tgt)
+        return per_example * count, count
+
+    nats, count = 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        tok, tgt = tokens[start : start + batch_size], target[start : start + batch_size]
+        pad = batch_size - len(tok)
+        if pad:  # one compiled shape: pad with empty rows (no targets)
+            tok = np.concatenate([tok, np.zeros((pad, width), np.int32)])
+            tgt = np.concatenate([tgt, np.zeros((pad, width), bool)])
+        total, n = score(params, jnp.asarray(tok), jnp.asarray(tgt))
+        nats += float(np.sum(total))
+        count += int(np.sum(n))
+    counts = np.bincount(tokens[target], minlength=scorer.tokenizer.vocab_size).astype(float)
+    probs = counts[counts > 0] / counts.sum()
+    per_token = nats / max(count, 1)
+    return {
+        "gen_nats_per_token": per_token,
+        "gen_bits_per_token": per_token / math.log(2),
+        "gen_ppl": float(math.exp(per_token)),
+        "gen_tokens": count,
+        "gen_unigram_entropy_bits": float(-(probs * np.log2(probs)).sum()),
+    }
+
+
+def evaluate_likelihood(
+    exp: Experiment, params, *, num_batches: int | None = None, seed: int = 0, batch_size: int | None = None
+) -> dict[str, float]:
+    """Validation NLL (AR) or ELBO (diffusion) in bits per token, per character (Shakespeare) or perplexity per word
+    (PTB), with the Monte-Carlo standard error over batches (diffusion)."""
+    batch_size = batch_size or exp.config.eval.batch_size
+    batches = text_lib.make_eval_batches(exp.data.eval_sequences, batch_size)
+    if num_batches:
+        batches = batches[:num_batches]
+    key_name = exp.objective.loss.likelihood_metric
+    fn = jax.jit(exp.objective)
+    bits, tokens = [], []
+    for i, batch in enumerate(batches):
+        _, metrics = fn(params, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.key(seed * 100003 + i))
+        n = float(np.sum(batch["weights"] > 0))
+        bits.append(float(metrics[key_name]) * n)
+        tokens.append(n)
+    bits, tokens = np.asarray(bits), np.asarray(tokens)
+    per_token = bits.sum() / tokens.sum()
+    per_batch = bits / tokens
+    se = float(np.std(per_batch, ddof=1) / np.sqrt(len(per_batch))) if len(per_batch) > 1 else float("nan")
+    out = {"bits_per_token": float(per_token), "bits_per_token_se": se, "eval_tokens": int(tokens.sum())}
+    full = exp.data.eval_num_tokens
+    covered = tokens.sum() / max(full, 1)
+    if exp.data.eval_num_chars:
+        out["bits_per_char"] = float(per_token * full / exp.data.eval_num_chars)
+    if exp.data.eval_num_words:
+        out["ppl_per_word"] = float(2 ** (per_token * full / exp.data.eval_num_words))
+    out["fraction_of_split"] = float(covered)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The SFT demo data: tiny Shakespeare line pairs, prompt = `sft.prompt_lines` lines, response = the next
+# `sft.response_lines` lines, chunked into canvases, as a grain pipeline whose state is checkpointed with the run.
+
+
+def shakespeare_pairs(text: str, prompt_lines: int, response_lines: int) -> list[tuple[str, str]]:
+    """Non-overlapping (prompt, response) windows of lines; the prompt keeps its trailing newline."""
+    if prompt_lines < 1 or response_lines < 1:
+        raise ValueError(f"prompt_lines and response_lines must be >= 1, got {prompt_lines}, {response_lines}.")
+    lines = text.split("\n")
+    window = prompt_lines + response_lines
+    pairs = []
+    for start in range(0, len(lines) - window + 1, window):
+        prompt = "\n".join(lines[start : start + prompt_lines])
+        if not prompt.strip():
+            continue
+        pairs.append((prompt + "\n", "\n".join(lines[start + prompt_lines : start + window])))
+    return pairs
+
+
+def build_examples(
+    pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, chunker: CanvasChunker, max_examples: int = 0
+) -> dict[str, np.ndarray]:
+    """Collated CanvasChunker examples of the pairs (pairs with characters outside the vocabulary are skipped)."""
+    examples = []
+    for prompt, response in pairs:
+        if max_examples and len(examples) >= max_examples:
+            break
+        try:
+            examples.append(chunker(tokenizer.encode(prompt), tokenizer.encode(response)))
+        except ValueError:
+            continue
+    if not examples:
+        raise ValueError("No SFT example could be built (empty split, or every pair has unknown characters).")
+    return collate_examples(examples)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherExamples:
+    """Global batch of example indices -> this process's rows [start, stop) of every field."""
+
+    examples: Mapping[str, np.ndarray]
+    start: int
+    stop: int
+
+    def __call__(self, global_indices: np.ndarray) -> dict[str, np.ndarray]:
+        rows = global_indices[self.start : self.stop]
+        return {k: np.ascontiguousarray(v[rows]) for k, v in self.examples.items()}
+
+
+def make_example_iterator(
+    examples: Mapping[str, np.ndarray], batch_size: int, seed: int, process_index: int = 0, process_count: int = 1
+) -> grain.DatasetIterator:
+    """Shuffled, repeated batches of examples (per process), with a checkpointable grain state."""
+    count = len(next(iter(examples.values())))
+    if batch_size < 1 or count < 1:
+        raise ValueError(f"need batch_size >= 1 and at least one example, got {batch_size} and {count}.")
+    start = process_index * batch_size
+    dataset = (
+        grain.MapDataset.source(np.arange(count, dtype=np.int64))
+        .seed(seed)
+        .shuffle()
+        .repeat()
+        .batch(batch_size * process_count, drop_remainder=True)
+        .map(GatherExamples(dict(examples), start, start + batch_size))
+    )
+    return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
+
+
+def eval_batches(examples: Mapping[str, np.ndarray], batch_size: int, num_batches: int) -> list[dict[str, np.ndarray]]:
+    count = len(next(iter(examples.values())))
+    out = []
+    for begin in range(0, count - batch_size + 1, batch_size):
+        out.append({k: v[begin : begin + batch_size] for k, v in examples.items()})
+        if len(out) == num_batches:
+            break
+    return out

@@ -1,0 +1,146 @@
+"""The documentation stays true: every relative link and image in README.md, docs/ and results/ resolves to a file in
+the repository, and every `python -m hackable_diffusion.X` / `python experiments/Y.py` command they quote names a
+module or script that exists and whose flags parse (entry points: `HD_CHECK_FLAGS=1` parses and checks the command
+line, config overrides included, then exits; experiment scripts: their argparse parser, stopped after parsing)."""
+
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+COMMAND = re.compile(r"python3? (?:-m hackable_diffusion\.\w+|experiments/\w+\.py)\b")
+
+
+def markdown_files(with_results: bool = True) -> list[pathlib.Path]:
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    if with_results:
+        files += sorted((REPO / "results").rglob("*.md"))
+    return files
+
+
+def broken_links(path: pathlib.Path, root: pathlib.Path = REPO) -> list[str]:
+    """Relative link targets of a markdown file that do not resolve to a file or folder inside `root`."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # code blocks hold no links
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            continue  # a web address or an anchor on the same page
+        resolved = (path.parent / target.split("#", 1)[0]).resolve()
+        if not resolved.exists() or not resolved.is_relative_to(root):
+            broken.append(target)
+    return broken
+
+
+def quoted_commands(path: pathlib.Path) -> list[list[str]]:
+    """The argv of every toolbox command quoted in a markdown file: in code blocks (backslash continuations joined,
+    comments dropped, `a && b` split) and in inline code spans. Templates (`$VAR`, `[--optional]`, `...`, `<name>`,
+    `FILE`-style placeholders) are skipped."""
+    text = path.read_text()
+    candidates = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+        candidates += block.replace("\\\n", " ").splitlines()
+    candidates += re.findall(r"`([^`\n]*python3? [^`\n]*)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    commands = []
+    for line in candidates:
+        for part in re.split(r"&&?|;|\|", line):
+            match = COMMAND.search(part)
+            if not match or re.search(r"\$|\[|\.\.\.|<\w+>", part):
+                continue
+            try:
+                argv = shlex.split(part[match.start() :], comments=True)
+            except ValueError:
+                continue  # an unbalanced quote in prose
+            commands.append(argv)
+    return commands
+
+
+def check_commands(commands: list[list[str]]) -> list[str | None]:
+    """Per command: None when its module/script exists and its flags parse, else what is wrong. The command lines of
+    one entry point or experiment script are parsed in one process (`_parse_script_flags.py`); entry points run with
+    HD_CHECK_FLAGS=1 (parse and check, then exit)."""
+    env = dict(os.environ, HD_CHECK_FLAGS="1", JAX_PLATFORMS="cpu")
+    problems: list[str | None] = [None] * len(commands)
+    by_script: dict[tuple[str, ...], list[int]] = {}  # ("-m", module) or (script,) -> command rows
+    for i, argv in enumerate(commands):
+        if argv[1] == "-m":
+            module = argv[2]
+            if not (REPO / (module.replace(".", "/") + ".py")).is_file():
+                problems[i] = f"no module {module}"
+                continue
+            by_script.setdefault(("-m", module), []).append(i)
+        elif not (REPO / argv[1]).is_file():
+            problems[i] = f"no script {argv[1]}"
+        else:
+            by_script.setdefault((str(REPO / argv[1]),), []).append(i)
+    for script, rows in by_script.items():
+        driver = REPO / "tests" / "_parse_script_flags.py"
+        skip = 3 if script[0] == "-m" else 2  # python -m MODULE args... | python SCRIPT args...
+        batch = json.dumps([commands[i][skip:] for i in rows])
+        out = subprocess.run(
+            [sys.executable, str(driver), *script, batch], cwd=REPO, env=env, capture_output=True, text=True
+        )
+        results = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else [out.stderr] * len(rows)
+        for i, result in zip(rows, results):
+            problems[i] = result
+    return problems
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_resolve(path):
+    assert broken_links(path) == []
+
+
+def test_a_broken_link_is_caught(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("[ok](page.md) [anchor](#x) [web](https://example.org) ![img](missing.png) [bad](nope.md#a)\n")
+    assert broken_links(page, root=tmp_path) == ["missing.png", "nope.md#a"]
+
+
+@pytest.mark.slow
+def test_quoted_commands_exist_and_their_flags_parse():
+    commands, where = [], []
+    for path in markdown_files():
+        for argv in quoted_commands(path):
+            if argv not in commands:
+                commands.append(argv)
+                where.append(path.relative_to(REPO))
+    assert len(commands) > 20  # the README and docs quote many commands; finding none means the extraction broke
+    failures = [
+        f"{path}: {shlex.join(argv)}\n    -> {problem}"
+        for path, argv, problem in zip(where, commands, check_commands(commands))
+        if problem
+    ]
+    assert failures == [], "\n".join(failures)
+
+
+@pytest.mark.slow
+def test_a_bad_command_is_caught(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```bash\n"
+        "python -m hackable_diffusion.train --config configs/quickstart.py \\\n"
+        "    --workdir runs/x --config.train.num_stepz=3   # a misspelt key\n"
+        "python experiments/throughput.py --quick --no_such_flag\n"
+        "python -m hackable_diffusion.nothing --help\n"
+        "```\n"
+        "and inline: `python -m hackable_diffusion.sample --workdir runs/x --prompt hi`\n"
+    )
+    commands = quoted_commands(page)
+    assert [argv[:3] for argv in commands] == [
+        ["python", "-m", "hackable_diffusion.train"],
+        ["python", "experiments/throughput.py", "--quick"],
+        ["python", "-m", "hackable_diffusion.nothing"],
+        ["python", "-m", "hackable_diffusion.sample"],
+    ]
+    problems = check_commands(commands)
+    assert "num_stepz" in problems[0]
+    assert "no_such_flag" in problems[1]
+    assert problems[2] == "no module hackable_diffusion.nothing"
+    assert problems[3] is None

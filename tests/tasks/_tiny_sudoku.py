@@ -1,0 +1,14 @@
+"""A tiny Sudoku config shared by the task tests (a few thousand parameters, generated puzzles cached in tmp_path)."""
+
+from hackable_diffusion.models import presets
+from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
+
+
+def tiny_sudoku_config(layout, process="masking", tmp_path=None):
+    model = dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9)
+    c = sudoku_config(model=model, steps=4, batch_size=8, num_train=64, layout=layout, process=process)
+    c.data.num_eval = 8
+    c.data.givens_min, c.data.givens_max = 30, 40
+    c.data.cache_dir = str(tmp_path / "cache")
+    c.sampler.num_steps = 5
+    return c

@@ -24,6 +24,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
+from hackable_diffusion.training.workdir_lock import WorkdirLockedError
+
 
 class ConfigKeyError(ValueError):
     """An override names a config key that does not exist."""
@@ -32,7 +34,8 @@ class ConfigKeyError(ValueError):
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 TRACEBACK_ENV = "HD_TRACEBACK"
 CHECK_FLAGS_ENV = "HD_CHECK_FLAGS"  # =1: parse and check the command line, then exit 0 without running it
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)  # bad input, not a bug in the toolbox
+# bad input or a busy workdir, not a bug in the toolbox
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, WorkdirLockedError)
 
 
 def flag_value(argv: Sequence[str], name: str) -> str | None:

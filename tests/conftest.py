@@ -36,6 +36,7 @@ def _train_shared_runs(root: pathlib.Path) -> None:
         "masking": tiny_text_config("masking", steps=2, moe=False),
         "none": tiny_text_config("none", steps=2, moe=False),  # the autoregressive baseline
     }
+    runs["uniform"].eval.num_samples = 1  # the eval samples then share the end-of-run sample's compiled programs
     for name in ("masking", "none"):
         runs[name].train.eval_every = 0
         runs[name].train.checkpoint_every = 2

@@ -90,6 +90,30 @@ class DiffusionPretrainObjective:
     def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
         """batch: tokens (b, l); optional weights (b, l) (0 = padding: not attended, not in the loss) and fixed
         (b, l) bool (given context such as puzzle givens: attended, never corrupted, not in the loss)."""
+        terms = self._terms(params, batch, rng)
+        train, elbo, scored, aux = terms["train"], terms["elbo"], terms["scored"], terms["aux"]
+        diffusion = jnp.mean(train)
+        metrics = {
+            "diffusion_loss": diffusion,
+            "elbo_bits_per_token": jnp.sum(elbo) / jnp.maximum(jnp.sum(scored), 1) / math.log(2),
+        }
+        loss = diffusion + aux_loss(aux)
+        if "encoder_ar" in terms:
+            loss = loss + self.encoder_ar_weight * jnp.mean(terms["encoder_ar"])
+            metrics["encoder_ar_loss"] = jnp.mean(terms["encoder_ar"])
+        return loss, dict(metrics, loss=loss, **moe_metrics(aux))
+
+    def elbo_per_example(
+        self, params, batch: dict[str, Array], rng: jax.Array
+    ) -> tuple[Float[Array, " b"], Int[Array, " b"]]:
+        """One Monte-Carlo draw of the negative ELBO of each example, in nats, over its scored positions (weights > 0
+        and not fixed), and how many positions were scored: the estimator behind `elbo_bits_per_token`, per row
+        (for conditional likelihoods: the context `fixed`, the continuation scored)."""
+        terms = self._terms(params, batch, rng)
+        b = batch["tokens"].shape[0]
+        return terms["elbo"].reshape(b, -1).sum(-1), terms["scored"].reshape(b, -1).sum(-1)
+
+    def _terms(self, params, batch: dict[str, Array], rng: jax.Array) -> dict[str, Array]:
         x0: Int[Array, "b l"] = batch["tokens"]
         b, l = x0.shape
         t_key, noise_key, sc_key = jax.random.split(rng, 3)
@@ -116,13 +140,7 @@ class DiffusionPretrainObjective:
             self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
         )
         train, elbo = _diffusion_loss(self.loss, self.process, logits, x0, xt, t, loss_mask)
-        count = jnp.sum(loss_mask, axis=-1)
-        metrics = {
-            "diffusion_loss": jnp.mean(train),
-            "elbo_bits_per_token": jnp.sum(elbo) / jnp.maximum(jnp.sum(count), 1) / math.log(2),
-        }
-        loss = jnp.mean(train) + aux_loss(aux)
-        return loss, dict(metrics, loss=loss, **moe_metrics(aux))
+        return dict(train=train, elbo=elbo, scored=jnp.sum(loss_mask, axis=-1), aux=aux)
 
     def _blocks(self, params, x0, token_mask, fixed, t_key, noise_key, sc_key):
         b, l = x0.shape
@@ -163,16 +181,7 @@ class DiffusionPretrainObjective:
         )
         train, elbo = _diffusion_loss(self.loss, self.process, logits.reshape(b * n, c, -1), x0_c, xt_c, t, mask_c)
         ar, _ = losses.autoregressive_cross_entropy(enc_logits, x0, token_mask)
-        count = jnp.sum(mask_c)
-        diffusion = jnp.mean(train)
-        loss = diffusion + self.encoder_ar_weight * jnp.mean(ar) + aux_loss(aux)
-        metrics = {
-            "loss": loss,
-            "diffusion_loss": diffusion,
-            "encoder_ar_loss": jnp.mean(ar),
-            "elbo_bits_per_token": jnp.sum(elbo) / jnp.maximum(count, 1) / math.log(2),
-        }
-        return loss, dict(metrics, **moe_metrics(aux))
+        return dict(train=train, elbo=elbo, scored=jnp.sum(mask_c, axis=-1), aux=aux, encoder_ar=ar)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -238,11 +238,13 @@ def generate(
     keys = row_keys(key, b)
     _, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
     stop = _stop_array(stop_tokens)
-    active = jnp.ones((b,), bool)
+    # Kept on the host: a device array here would come back from `truncate_at_stop` with the mesh's sharding, and
+    # that changed input type would compile the denoising loop a second time for the second canvas.
+    active = np.ones((b,), bool)
     forward_passes = 1
     outputs, steps, trajectories = [], [], []
     for index in range(num_canvases):
-        if not bool(jnp.any(active)):
+        if not active.any():
             break
         span = slice(index * c, (index + 1) * c)
         canvas_fixed, canvas_given = fixed_all[:, span], given_all[:, span]
@@ -261,7 +263,7 @@ def generate(
         canvas, stopped = truncate_at_stop(result.canvas, stop, active)
         cache = commit_canvas(model, params, cache, canvas)
         forward_passes += int(result.forward_passes) + 1
-        active = active & ~stopped
+        active = active & ~np.asarray(stopped)
         outputs.append(np.asarray(canvas))
         steps.append(np.asarray(result.steps))
         if return_trajectory:

@@ -110,31 +110,49 @@ def sample_texts(
             "sequences the model was trained on; positions it never saw may degrade the output.",
             flush=True,
         )
-    if exp.is_autoregressive:
-        result = gen_lib.generate_ar(
-            exp.model,
-            params,
-            ids,
-            key=seed,
-            max_new_tokens=max_new,
-            sampling=gen_lib.ARSampling(temperature=s.ar_temperature),
-            forbidden_tokens=NEVER_GENERATED,
-        )
-    else:
-        sampler = builders.build_sampler(exp.config, exp.process)
-        max_new = int(math.ceil(max_new / sampler.canvas_length) * sampler.canvas_length)
-        result = gen_lib.generate(
-            exp.model,
-            params,
-            ids,
-            sampler=sampler,
-            key=seed,
-            max_new_tokens=max_new,
-            stop_tokens=(EOS_ID,),
-            return_trajectory=return_trajectory,
-        )
+    if not exp.is_autoregressive:  # whole canvases
+        canvas = builders.build_sampler(exp.config, exp.process).canvas_length
+        max_new = int(math.ceil(max_new / canvas) * canvas)
+    result = generate_tokens(exp, params, ids, key=seed, max_new_tokens=max_new, return_trajectory=return_trajectory)
     texts = [exp.tokenizer.decode(np.asarray(row)) for row in result.tokens]
     return texts, result
+
+
+def generate_tokens(
+    exp: Experiment,
+    params,
+    prompts,
+    *,
+    key,
+    max_new_tokens: int,
+    prompt_mask=None,
+    return_trajectory: bool = False,
+) -> gen_lib.GenerationResult:
+    """The run's own decoding after token-id prompts: its diffusion sampler (`config.sampler`, stopping at EOS), or
+    cached AR decoding at `sampler.ar_temperature` for an autoregressive run. `prompts`/`prompt_mask`/`key` are
+    `sampling.generate`'s."""
+    if exp.is_autoregressive:
+        return gen_lib.generate_ar(
+            exp.model,
+            params,
+            prompts,
+            prompt_mask=prompt_mask,
+            key=key,
+            max_new_tokens=max_new_tokens,
+            sampling=gen_lib.ARSampling(temperature=exp.config.sampler.ar_temperature),
+            forbidden_tokens=NEVER_GENERATED,
+        )
+    return gen_lib.generate(
+        exp.model,
+        params,
+        prompts,
+        prompt_mask=prompt_mask,
+        sampler=builders.build_sampler(exp.config, exp.process),
+        key=key,
+        max_new_tokens=max_new_tokens,
+        stop_tokens=(EOS_ID,),
+        return_trajectory=return_trajectory,
+    )
 
 
 def generative_perplexity(

@@ -74,7 +74,7 @@ def test_mfu_counts_the_compiled_programs_flops_and_stays_below_the_measured_pea
         shape = presets.derived(
             vocab_size=256,
             embed_dim=128,
-            num_layers=4,
+            num_layers=2,
             num_heads=4,
             head_dim=32,
             num_kv_heads=2,

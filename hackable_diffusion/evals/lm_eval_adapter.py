@@ -1,0 +1,186 @@
+"""The lm-evaluation-harness (lm-eval 0.4) model `hackable_diffusion`: any toolbox text run, diffusion or AR.
+
+  python -m hackable_diffusion.evals.harness --model hackable_diffusion \\
+      --model_args workdir=runs/quickstart,num_draws=8 --tasks hd_shakespeare_next_line \\
+      --include_path hackable_diffusion/evals/lm_eval_tasks
+
+or from Python: `lm_eval.simple_evaluate(model=HackableDiffusionLM(workdir=...), tasks=[...], task_manager=...)`.
+
+Model args: `workdir` (a training workdir or `hf:DIR`), `num_draws` (Monte-Carlo draws per diffusion
+log-likelihood, default 8), `seed` (0), `batch_size` (8), `max_length` (0 = the run's training sequence length),
+`greedy_check` (true: the greedy flag of a diffusion run costs one sampler decode per request), `use_ema` (true), and
+any `config.<path>=value` of the run's saved config, e.g. `config.sampler.num_steps=16`,
+`config.sampler.selection.rule=top_k_top_probability`, `config.sampler.canvas_len=16`,
+`config.sampler.min_temperature=0.2`. Log-likelihoods, the rolling bound and generation are `evals.scoring.Scorer`'s
+(its module docstring states the estimators). lm-eval's own `gen_kwargs` (`until`, `max_gen_toks`) are honoured; its
+sampling kwargs (`temperature`, `do_sample`) are not: generation uses the run's sampler settings, which are set
+through the model args above and recorded in the results' `config` block.
+
+A Sudoku run answers only generation requests whose context is a puzzle (task `hd_sudoku_solve`), with its solver and
+`config.solver.*` settings (`evals.puzzles`); the forward passes it spent are in the model info.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from hackable_diffusion.evals import scoring
+
+_TRUE = ("1", "true", "yes")
+
+
+def _bool(value: Any) -> bool:
+    return value if isinstance(value, bool) else str(value).lower() in _TRUE
+
+
+@register_model("hackable_diffusion")
+class HackableDiffusionLM(LM):
+    def __init__(
+        self,
+        workdir: str | None = None,
+        num_draws: int = 8,
+        seed: int = 0,
+        batch_size: int | str = 8,
+        max_length: int = 0,
+        greedy_check: bool | str = True,
+        use_ema: bool | str = True,
+        max_batch_size: Any = None,
+        device: Any = None,
+        **config_overrides: Any,
+    ):
+        super().__init__()
+        del max_batch_size, device  # one process, the default JAX device(s)
+        from hackable_diffusion import cli, pretrained
+        from hackable_diffusion import experiment as exp_lib
+
+        if not workdir:
+            raise ValueError("model_args needs workdir=<a training workdir or hf:DIR>.")
+        bad = [k for k in config_overrides if not k.startswith("config.")]
+        if bad:
+            raise ValueError(
+                f"unknown model args {bad}: use workdir, num_draws, seed, batch_size, max_length, greedy_check, "
+                "use_ema, or config.<path>=value (e.g. config.sampler.num_steps=16)."
+            )
+        workdir = cli.resolve_workdir(str(workdir))
+        overrides = [f"--{k}={v}" for k, v in config_overrides.items()]
+        config = cli.parse_config_overrides(cli.load_saved_config(workdir), overrides)
+        exp = exp_lib.build(config, workdir)
+        params, self.checkpoint_step = pretrained.load_params(exp, workdir, use_ema=_bool(use_ema))
+        size = 8 if str(batch_size).startswith("auto") else int(batch_size)
+        self.workdir = workdir
+        self.scorer = None
+        self.puzzles = None
+        if exp.task.name == "sudoku":
+            from hackable_diffusion.evals.puzzles import PuzzleAnswerer
+
+            self.puzzles = PuzzleAnswerer(exp, params, seed=int(seed), batch_size=max(size, 64))
+            return
+        self.scorer = scoring.Scorer(
+            exp,
+            params,
+            num_draws=int(num_draws),
+            seed=int(seed),
+            batch_size=size,
+            max_length=int(max_length),
+            greedy_check=_bool(greedy_check),
+        )
+
+    def _text_scorer(self) -> scoring.Scorer:
+        if self.scorer is None:
+            raise ValueError(
+                "a Sudoku run answers only generation requests whose context is a puzzle (task hd_sudoku_solve); "
+                "log-likelihood tasks need a text run."
+            )
+        return self.scorer
+
+    # -- lm-eval's interface ------------------------------------------------------------------------------------------
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        self._text_scorer()
+        pairs = []
+        for request in requests:
+            context, continuation = request.args
+            # lm-eval puts the separating space at the start of the continuation; tokenise the two parts apart so that
+            # the continuation's tokens are exactly its own.
+            pairs.append((self.scorer.encode(context), self.scorer.encode(continuation)))
+        with tqdm(total=len(pairs), disable=disable_tqdm, desc="loglikelihood") as bar:
+            scores = self.scorer.loglikelihood(pairs, progress=bar.update)
+        return [(s.logprob, s.is_greedy) for s in scores]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        self._text_scorer()
+        documents = [self.scorer.encode(request.args[0]) for request in requests]
+        with tqdm(total=len(documents), disable=disable_tqdm, desc="loglikelihood_rolling") as bar:
+            scores = self.scorer.loglikelihood_rolling(documents, progress=None)
+            bar.update(len(documents))
+        return [s.logprob for s in scores]
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        if self.puzzles is not None:
+            with tqdm(total=len(requests), disable=disable_tqdm, desc="generate_until (Sudoku)") as bar:
+                return self.puzzles([request.args[0] for request in requests], progress=bar.update)
+        groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
+        contexts = []
+        for i, request in enumerate(requests):
+            context, gen_kwargs = request.args
+            gen_kwargs = dict(gen_kwargs or {})
+            until = gen_kwargs.get("until") or []
+            until = (until,) if isinstance(until, str) else tuple(until)
+            max_new = int(gen_kwargs.get("max_gen_toks") or self.scorer.exp.config.sampler.max_new_tokens)
+            groups.setdefault((until, max_new), []).append(i)
+            contexts.append(self.scorer.encode(context))
+        out = [""] * len(requests)
+        with tqdm(total=len(requests), disable=disable_tqdm, desc="generate_until") as bar:
+            for (until, max_new), members in groups.items():  # requests that share stop strings and length
+                generated = self.scorer.generate(
+                    [contexts[i] for i in members], max_new_tokens=max_new, progress=bar.update
+                )
+                for i, ids in zip(members, generated):
+                    out[i] = cut_at_stop(self.scorer.exp.tokenizer.decode(ids), list(until))
+        return out
+
+    def get_model_info(self) -> dict[str, Any]:
+        if self.puzzles is not None:
+            c = self.puzzles.exp.config
+            return {
+                "workdir": self.workdir,
+                "checkpoint_step": self.checkpoint_step,
+                "kind": f"sudoku/{c.diffusion.process}",
+                "loglikelihood": "none (Sudoku solver)",
+                "seed": self.puzzles.seed,
+                **self.puzzles.info(),
+            }
+        c = self.scorer.exp.config
+        info = {
+            "workdir": self.workdir,
+            "checkpoint_step": self.checkpoint_step,
+            "kind": "autoregressive" if self.scorer.is_autoregressive else f"diffusion/{c.diffusion.process}",
+            "loglikelihood": "exact" if self.scorer.is_autoregressive else f"ELBO bound, {self.scorer.num_draws} draws",
+            "seed": self.scorer.seed,
+            "max_length": self.scorer.sequence_length,
+        }
+        if not self.scorer.is_autoregressive:
+            s = c.sampler
+            info["sampler"] = {
+                "num_steps": s.num_steps,
+                "canvas_len": s.canvas_len,
+                "selection": dict(s.selection),
+                "temperature": [s.min_temperature, s.max_temperature],
+                "early_stopping": s.early_stopping,
+            }
+        else:
+            info["sampler"] = {"ar_temperature": c.sampler.ar_temperature}
+        return info
+
+
+def cut_at_stop(text: str, until: list[str]) -> str:
+    """The text up to the earliest of the stop strings (all of it when none occurs)."""
+    end = len(text)
+    for stop in until:
+        if stop and stop in text:
+            end = min(end, text.index(stop))
+    return text[:end]

@@ -108,6 +108,30 @@ class Attention(nn.Module):
     cfg: TransformerConfig
     layer_type: str
 
+    @staticmethod
+    def _einsum_attention(q, k, v, self_mask, layer_cache, prefix_mask, bias, dtype, kv_heads, group):
+        """Grouped-query attention as einsums: the cached prefix and the block are two logit blocks under one softmax,
+        so the cache is read where it lies (out: b l k g h, float32)."""
+        b, l, _, head_dim = q.shape
+        q = q.reshape(b, l, kv_heads, group, head_dim)
+        logits = [jnp.einsum("blkgh,bmkh->bkglm", q, k, preferred_element_type=jnp.float32)]
+        masks = [self_mask]
+        if layer_cache is not None:
+            cache_k = layer_cache["k"].astype(dtype)
+            logits.insert(0, jnp.einsum("blkgh,bskh->bkgls", q, cache_k, preferred_element_type=jnp.float32))
+            masks.insert(0, prefix_mask)
+        mask = jnp.concatenate(masks, axis=-1)[:, None, None]  # b 1 1 l (s + l)
+        all_logits = jnp.concatenate(logits, axis=-1)
+        if bias is not None:
+            all_logits = all_logits + bias.reshape(b, kv_heads, group, l, -1)
+        all_logits = jnp.where(mask, all_logits, NEG_INF)
+        probs = jax.nn.softmax(all_logits, axis=-1).astype(dtype)
+        out = jnp.einsum("bkglm,bmkh->blkgh", probs[..., -l:], v, preferred_element_type=jnp.float32)
+        if layer_cache is not None:
+            cache_v = layer_cache["v"].astype(dtype)
+            out = out + jnp.einsum("bkgls,bskh->blkgh", probs[..., :-l], cache_v, preferred_element_type=jnp.float32)
+        return out
+
     @nn.compact
     def __call__(
         self,
@@ -157,9 +181,6 @@ class Attention(nn.Module):
 
         b, l = x.shape[:2]
         group = cfg.num_heads // kv_heads
-        q = q.reshape(b, l, kv_heads, group, head_dim)
-        logits = [jnp.einsum("blkgh,bmkh->bkglm", q, k, preferred_element_type=jnp.float32)]
-        masks = [self_mask]
         if layer_cache is not None:
             if prefix_mask is None or cache_positions is None:
                 raise ValueError("Reading a KV cache needs prefix_mask and cache_positions.")
@@ -168,26 +189,33 @@ class Attention(nn.Module):
                 prefix_mask = prefix_mask & (cache_positions[:, None, :] >= first - (cfg.sliding_window - 1))
             elif not is_global:
                 prefix_mask = prefix_mask & sliding_window_mask(positions, cache_positions, cfg.sliding_window)
-            cache_k = layer_cache["k"].astype(dtype)
-            logits.insert(0, jnp.einsum("blkgh,bskh->bkgls", q, cache_k, preferred_element_type=jnp.float32))
-            masks.insert(0, prefix_mask)
-        mask = jnp.concatenate(masks, axis=-1)[:, None, None]  # b 1 1 l (s + l)
-        all_logits = jnp.concatenate(logits, axis=-1)
+        bias = None
         if cfg.grid_attention_bias:
             # Grid-puzzle structure: a learned per-head bias for "same row / column / box" pairs (not in Gemma).
             weights = self.param("grid_bias", grid_bias_init(cfg.grid_attention_bias), (3, cfg.num_heads), jnp.float32)
             key_pos = positions if layer_cache is None else jnp.concatenate([cache_positions, positions], axis=1)
             relations = grid_relations(positions, key_pos, cfg.grid_embeddings)
-            bias = jnp.einsum("brls,rn->bnls", relations, weights).reshape(b, kv_heads, group, l, -1)
-            all_logits = all_logits + bias
-        all_logits = jnp.where(mask, all_logits, NEG_INF)
-        probs = jax.nn.softmax(all_logits, axis=-1).astype(dtype)
+            bias = jnp.einsum("brls,rn->bnls", relations, weights)  # b n l (s + l)
 
-        out = jnp.einsum("bkglm,bmkh->blkgh", probs[..., -l:], v, preferred_element_type=jnp.float32)
+        if cfg.attention_impl == "dot_product":
+            keys, values, mask = k, v, self_mask
+            if layer_cache is not None:
+                keys = jnp.concatenate([layer_cache["k"].astype(dtype), k], axis=1)
+                values = jnp.concatenate([layer_cache["v"].astype(dtype), v], axis=1)
+                mask = jnp.concatenate([prefix_mask, self_mask], axis=-1)
+            out = jax.nn.dot_product_attention(
+                q,
+                keys,
+                values,
+                bias=bias,
+                mask=mask[:, None],
+                scale=1.0,  # no 1/sqrt(h): see scale_queries
+            ).astype(jnp.float32)
+            out = out.reshape(b, l, kv_heads, group, head_dim)
+        else:
+            out = self._einsum_attention(q, k, v, self_mask, layer_cache, prefix_mask, bias, dtype, kv_heads, group)
         new_cache = None
         if layer_cache is not None:
-            cache_v = layer_cache["v"].astype(dtype)
-            out = out + jnp.einsum("bkgls,bskh->blkgh", probs[..., :-l], cache_v, preferred_element_type=jnp.float32)
             new_cache = layer_cache
             if write_index is not None:
                 start = (0, write_index, 0, 0)

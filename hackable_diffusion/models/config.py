@@ -17,6 +17,7 @@ import jax.numpy as jnp
 LAYER_TYPES = ("local", "global")
 DISPATCHES = ("dense", "sorted", "ragged")
 DECODER_WINDOWS = ("per_token", "cache_tail")  # how local layers of a canvas see the cache (decoder_window)
+ATTENTION_IMPLS = ("einsum", "dot_product")  # attention_impl
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -124,6 +125,10 @@ class TransformerConfig:
     # depth, Dehghani et al. 2019): the compute of depth_loops * num_layers layers for the parameters of num_layers.
     # Passes that write no KV cache only (`forward`, a puzzle solved in place): a cache holds one pass's keys, not one per loop.
     depth_loops: int = 1
+    # How the attention of every layer is computed (the same function, tested equal): "einsum" reads the cache and the
+    # block as two einsums under one softmax (no copy of the cache); "dot_product" concatenates them and calls
+    # `jax.nn.dot_product_attention`, which picks cuDNN's fused kernel on a GPU where the shapes allow (XLA elsewhere).
+    attention_impl: str = "einsum"
 
     def __post_init__(self):
         object.__setattr__(self, "layer_pattern", tuple(self.layer_pattern))
@@ -144,6 +149,8 @@ class TransformerConfig:
             )
         if self.sliding_window < 1:
             raise ValueError(f"model.sliding_window must be >= 1, got {self.sliding_window}.")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"model.attention_impl={self.attention_impl!r} must be one of {ATTENTION_IMPLS}.")
         if self.decoder_window not in DECODER_WINDOWS:
             raise ValueError(
                 f"model.decoder_window={self.decoder_window!r} must be one of {DECODER_WINDOWS}: 'per_token' (the "

@@ -27,6 +27,5 @@ else
 fi
 "$PY" -c "import jax, jaxlib, json; d = jax.devices()[0]; print(json.dumps({'jax': jax.__version__, 'jaxlib': jaxlib.__version__, 'platform': d.platform, 'device': d.device_kind, 'count': jax.device_count()}))" | tee "$OUT/versions.json"
 "$PY" experiments/decode_bench.py "${MID[@]}" --steps "$STEPS" --out "$OUT" 2>&1 | tee "$OUT/mid.log"
-"$PY" experiments/decode_bench.py "${BIG[@]}" --steps "$STEPS" --out "$OUT" 2>&1 | tee "$OUT/big.log"
-"$PY" experiments/decode_bench.py "${BIG[@]}" --steps "$STEPS" --weights fp8 --out "$OUT" 2>&1 | tee "$OUT/big_fp8.log"
+"$PY" experiments/decode_bench.py "${BIG[@]}" --steps "$STEPS" --weights native,fp8 --out "$OUT" 2>&1 | tee "$OUT/big.log"
 echo "done: $OUT/decode_bench.jsonl and $OUT/decode_bench.md"

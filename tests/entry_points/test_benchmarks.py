@@ -16,11 +16,24 @@ def test_decode_bench_prints_a_line_per_step_count_with_bandwidth_and_flop_fract
     args = [sys.executable, "experiments/decode_bench.py", "--model", "tiny", "--prompt", "8", "--canvas", "8"]
     args += ["--canvases", "2", "--repeats", "1", "--bandwidth_mib", "16", "--matmul_n", "256", "--steps", "2,3"]
     run = subprocess.run(
-        [*args, "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=REPO, check=False
+        [*args, "--weights", "native,fp8", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        check=False,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    assert [line["steps_per_canvas"] for line in lines] == [2, 3]
+    assert [(line["weights"][:4], line["steps_per_canvas"]) for line in lines] == [
+        ("floa", 2),
+        ("floa", 3),
+        ("floa", 2),
+        ("floa", 3),
+    ]
+    native, fp8 = lines[:2], lines[2:]
+    assert all(line["weights"] == "float32" for line in native)
+    assert all(line["weights"].startswith("float8_e4m3fn") for line in fp8)
     for line in lines:
         for program in ("canvas", "ar"):
             figures = line[program]
@@ -31,20 +44,9 @@ def test_decode_bench_prints_a_line_per_step_count_with_bandwidth_and_flop_fract
         assert line["canvas"]["bytes_per_step"] >= line["ar"]["bytes_per_step"]
         assert line["ratio"] == pytest.approx(line["canvas"]["tokens_per_s"] / line["ar"]["tokens_per_s"])
         assert line["measured_peaks"]["memory_gbps"] > 0 and line["measured_peaks"]["matmul_tflops"] > 0
-    assert (tmp_path / "decode_bench.md").read_text().count("| tiny |") == 2
-    fp8 = subprocess.run(
-        [*args[:-2], "--steps", "2", "--weights", "fp8"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        check=False,
-    )
-    assert fp8.returncode == 0, fp8.stderr[-3000:]
-    (line,) = [json.loads(x) for x in fp8.stdout.splitlines() if x.startswith("{")]
-    assert line["weights"].startswith("float8_e4m3fn")
+    assert (tmp_path / "decode_bench.md").read_text().count("| tiny |") == 4
     # FP8 values (1 byte) plus float32 scales, against float32 weights: well under half the bytes per step
-    assert line["canvas"]["bytes_per_step"] < 0.5 * lines[0]["canvas"]["bytes_per_step"]
+    assert fp8[0]["canvas"]["bytes_per_step"] < 0.5 * native[0]["canvas"]["bytes_per_step"]
     bad = subprocess.run(
         [sys.executable, "experiments/decode_bench.py", "--model", "nope"],
         capture_output=True,

@@ -51,6 +51,7 @@ from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.models.param_count import EXPERT_LEAVES
 from hackable_diffusion.sampling import generate as gen_lib
 from hackable_diffusion.sampling.canvas import DiffusionSampler, canvas_logits
+from hackable_diffusion.sampling.draws import DRAWS, make_draw
 from hackable_diffusion.sampling.early_stopping import NoEarlyStop
 from hackable_diffusion.training.metrics import measure_peak_matmul_flops
 
@@ -62,9 +63,18 @@ PRESETS = {
     "mini_moe": lambda: presets.mini(moe=True),
     "small": lambda: presets.small(),
     "small_moe": lambda: presets.small(moe=True),
+    "throughput_large": lambda: _throughput_size("large"),
     "gemma4_26b_a4b": presets.gemma4_26b_a4b,
     "diffusiongemma_26b_a4b": presets.diffusiongemma_26b_a4b,
 }
+
+
+def _throughput_size(name: str) -> dict:
+    """A random-weight size of `throughput.py --quick` (beside this script); "large": 80M dense parameters, 3 layers
+    of width 1024, a 32k vocabulary."""
+    import throughput
+
+    return throughput.model_shapes(quick=True)[name]
 
 
 def model_config(name: str, dtype: str, dispatch: str, attention_impl: str = "einsum") -> TransformerConfig:
@@ -274,6 +284,7 @@ def run(args) -> list[dict]:
                 num_steps=steps,
                 early_stopping=NoEarlyStop(),
                 forbidden_tokens=SPECIAL_IDS,
+                draw=make_draw(args.draw),
             )
 
             def generate(max_new, sampler=sampler):  # one cache size for both lengths: the same compiled programs
@@ -314,6 +325,7 @@ def run(args) -> list[dict]:
                 "cache_tokens": cache_length,
                 "steps_per_canvas": steps,
                 "steps_note": "fixed (random weights; early stopping off), entropy-bound selection",
+                "draw": args.draw,
                 "measured_peaks": {
                     "memory_gbps": peaks["bytes_per_s"] / 1e9,
                     "memory_gbps_by_kernel": {k: v / 1e9 for k, v in bandwidth.items() if k != "peak"},
@@ -387,6 +399,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--dispatch", default="", help="MoE dispatch override (ragged, sorted, dense)")
     parser.add_argument("--attention_impl", default="einsum", choices=["einsum", "dot_product"])
+    parser.add_argument(
+        "--draw", default="gumbel_max", choices=sorted(DRAWS), help="how candidates are drawn (sampling/draws.py)"
+    )
     parser.add_argument(
         "--weights", default="native", help="native, fp8 or both (native,fp8): fp8 = weight-only FP8 step programs"
     )

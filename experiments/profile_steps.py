@@ -26,18 +26,22 @@ import time
 import jax
 import jax.numpy as jnp
 
-CATEGORIES = [  # (category, regex over the op_name metadata / instruction name), first match wins
+CATEGORIES = [  # (category, regex over the op_name metadata, else the instruction name), first match wins
+    ("sampler: categorical draw", r"categorical|random_bits|threefry|gumbel|prior_sample|BlockedInverseCdf|uniform"),
+    ("sampler: selection (entropy, sort)", r"selection|entropy|argsort|\bsort|cumsum"),
+    ("sampler: temperature, argmax, stopping", r"denoising_loop/while/body/(?!.*canvas_logits)"),
     ("KV-cache update", r"dynamic_update_slice|dynamic-update-slice|scatter"),
     ("output head", r"embedder|decode\b|softcap|tanh"),
     (
         "attention scores / softmax / values",
-        r"attn.*(einsum.*(BTNH,BSNH|BTNS,BSNH)|softmax|_logits|where)|softmax|reduce_max|exponential",
+        r"attn.*(bkglm|bkgls|softmax|_logits|where)|softmax|reduce_max|exponential",
     ),
-    ("attention projections", r"q_einsum|kv_einsum|k_einsum|attn_vec_einsum"),
+    ("attention projections", r"q_einsum|kv_einsum|k_einsum|attn_vec_einsum|td,n?c?kdh->|td,ndh->|tnh,nhd->"),
     ("FFN / MoE", r"mlp|moe|gating_einsum|linear|gelu|ffw"),
     ("norms", r"norm|rsqrt"),
-    ("rotary embedding", r"rope|sin|cos"),
-    ("layer scan (weight slicing, loop)", r"while|dynamic_slice|dynamic-slice|copy|bitcast"),  # by instruction name
+    ("rotary embedding", r"rope|(?<![a-z])(sin|cos)(?![a-z])"),
+    # the scanned stack's own ops: weights sliced (copied) out of the stacked parameters, the loop itself
+    ("layer scan (weight slicing, loop)", r"dynamic_slice|dynamic-slice|closed_call$|^while|^copy|bitcast"),
 ]
 
 
@@ -112,6 +116,19 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", default="", help="a trained run (its model and params); default: --preset")
     parser.add_argument("--preset", default="mini")
+    parser.add_argument(
+        "--throughput_size",
+        default="",
+        help="instead of --preset: a random-weight size of `throughput.py --quick` (small, large, large_moe)",
+    )
+    parser.add_argument(
+        "--loop_steps",
+        type=int,
+        default=0,
+        help="also profile the sampler's whole denoising loop (uniform process, entropy bound, annealed temperature, "
+        "no early stopping) for this many steps; its figures are per step",
+    )
+    parser.add_argument("--draw", default="gumbel_max", help="the loop's candidate draw (sampling/draws.py)")
     parser.add_argument("--canvas", type=int, default=64)
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--batch", type=int, default=1)
@@ -132,6 +149,12 @@ def main():
         model = exp.model
         params, _ = pretrained.load_params(exp, args.workdir)
         source = args.workdir
+    elif args.throughput_size:
+        import throughput  # experiments/throughput.py, beside this script
+
+        model = T.Transformer(TransformerConfig.from_dict(throughput.model_shapes(quick=True)[args.throughput_size]))
+        params = T.init_params(model, jax.random.key(0))
+        source = f"throughput.py --quick size {args.throughput_size} (random weights)"
     else:
         model = T.Transformer(TransformerConfig.from_dict(getattr(presets, args.preset)(vocab_size=128)))
         params = T.init_params(model, jax.random.key(0))
@@ -148,12 +171,42 @@ def main():
         logits, new_cache = T.append(model, p, tokens, c)
         return logits, new_cache.end_index
 
+    programs = [
+        ("canvas step", jax.jit(canvas_step), jnp.full((b, args.canvas), 6, jnp.int32), 1),
+        ("AR step", jax.jit(ar_step), jnp.full((b, 1), 6, jnp.int32), 1),
+    ]
+    if args.loop_steps:
+        from hackable_diffusion.diffusion.processes import UniformProcess
+        from hackable_diffusion.diffusion.schedules import LinearSchedule
+        from hackable_diffusion.sampling import canvas as canvas_lib
+        from hackable_diffusion.sampling.draws import make_draw
+        from hackable_diffusion.sampling.early_stopping import NoEarlyStop
+
+        vocab = model.cfg.vocab_size
+        sampler = canvas_lib.DiffusionSampler(
+            process=UniformProcess(vocab, LinearSchedule(), excluded_ids=(0, 1, 2, 3)),
+            canvas_length=args.canvas,
+            num_steps=args.loop_steps,
+            early_stopping=NoEarlyStop(),
+            forbidden_tokens=(0, 1, 2, 3),
+            draw=make_draw(args.draw),
+        )
+        keys = canvas_lib.row_keys(0, b)
+        fixed, active = jnp.zeros((b, args.canvas), bool), jnp.ones((b,), bool)
+
+        def denoising_loop(p, tokens, c):
+            return canvas_lib._denoise(
+                model, p, c, tokens, keys, fixed, active, sampler=sampler, return_trajectory=False
+            ).canvas
+
+        programs.append(
+            (f"denoising loop step ({args.loop_steps} steps)", jax.jit(denoising_loop), programs[0][2], args.loop_steps)
+        )
     rows = []
-    for name, fn, tokens in (
-        ("canvas step", jax.jit(canvas_step), jnp.full((b, args.canvas), 6, jnp.int32)),
-        ("AR step", jax.jit(ar_step), jnp.full((b, 1), 6, jnp.int32)),
-    ):
+    for name, fn, tokens, per_call in programs:
         result = profile(fn, (params, tokens, cache), args.repeats)
+        result["wall_ms"] /= per_call
+        result["traced_op_ms"] /= per_call
         result.update(step=name, tokens_per_call=int(tokens.size), model=source, context=args.context, batch=b)
         result["wall_ms_per_token"] = result["wall_ms"] / tokens.size
         print(json.dumps(result), flush=True)

@@ -40,6 +40,7 @@ from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.models.param_count import count_params
 from hackable_diffusion.sampling import generate as gen_lib
 from hackable_diffusion.sampling.canvas import DiffusionSampler
+from hackable_diffusion.sampling.draws import DRAWS, make_draw
 from hackable_diffusion.sampling.early_stopping import NoEarlyStop
 
 GPU_FLOPS = 990e12  # bf16 dense, H100/H200 SXM
@@ -243,6 +244,13 @@ def main():
         help="more steps per canvas for the random-weight sizes, each measured beside the same AR runs "
         "(one line per count), e.g. 6,8,9,10: where the ratio crosses a target",
     )
+    parser.add_argument(
+        "--draw",
+        default="gumbel_max",
+        choices=sorted(DRAWS),
+        help="how the random-weight sizes' sampler draws candidates (sampling/draws.py); a trained run uses its own "
+        "config.sampler.draw (--config.sampler.draw=...)",
+    )
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--large_batches", default="", help="batches for the large sizes (default: --batches)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -289,6 +297,7 @@ def main():
                 num_steps=steps,
                 early_stopping=NoEarlyStop(),
                 forbidden_tokens=(0, 1, 2, 3),
+                draw=make_draw(args.draw),
             )
             for steps in step_counts
         }
@@ -348,6 +357,7 @@ def main():
                     else "--sweep_steps, early stopping off",
                     "quick": args.quick,
                     "scan_unroll": args.scan_unroll,
+                    "draw": args.draw,
                     "diffusion_tokens_per_s": new / d_s,
                     "ar_tokens_per_s": new / a_s,
                     "ratio": a_s / d_s,

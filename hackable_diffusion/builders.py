@@ -23,6 +23,7 @@ from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.sampling.canvas import DiffusionSampler
 from hackable_diffusion.sampling.constraints import LogitConstraint
+from hackable_diffusion.sampling.draws import make_draw
 from hackable_diffusion.sampling.early_stopping import make_early_stopping
 from hackable_diffusion.sampling.selection import SelectionRule, make_selection
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
@@ -120,6 +121,7 @@ def build_sampler(
         forbidden_tokens=NEVER_GENERATED,
         score_temperature=s.get("score_temperature", 0.0) or None,  # 0 = score the sampling distribution
         sc_temperature=s.get("sc_temperature", 0.0) or None,  # 0 = feed back the sampling distribution
+        draw=make_draw(s.get("draw", "gumbel_max")),
         constraint=constraint,
         views=views,
     )

@@ -138,6 +138,7 @@ SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every res
     "score_temperature",
     "sc_temperature",
     "early_stopping",
+    "draw",
 )
 
 

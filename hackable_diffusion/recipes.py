@@ -116,6 +116,8 @@ def base_config() -> ml_collections.ConfigDict:
             score_temperature=0.0,  # 0: selection scores the sampling distribution; > 0: logits / this (1 = model's)
             sc_temperature=0.0,  # self-conditioned models: 0 feeds back the sampling distribution (DiffusionGemma); > 0
             # feeds back logits / this (1 = the model's own probabilities, as training feeds back the raw logits)
+            draw="gumbel_max",  # how candidates are drawn (sampling.draws): gumbel_max (the reference's) or
+            # blocked_inverse_cdf (the same distribution, cheaper, other tokens for the same seed)
             num_steps=32,
             canvas_len=32,
             max_new_tokens=128,

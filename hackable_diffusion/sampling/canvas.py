@@ -5,7 +5,7 @@ docs/reference.md §2.4-2.7). Step i of S runs at noise level t_i = 1 - i/S:
 
     logits  = decode_block(canvas, cache, sc_signal)          # decoder mode: reads the cache, never writes it
     shaped  = logits / T(t_i)                                 # float32
-    cand    ~ categorical(shaped)                             # float32 Gumbel-max, per-row keys
+    cand    ~ categorical(shaped)                             # float32 Gumbel-max, per-row keys (draws.py)
     scored  = shaped, or logits / score_temperature if set    # what the rule ranks (see DiffusionSampler)
     accept, remask = selection(scored, cand, undecided)       # selection.py
     uniform process: new = accept ? cand : fresh uniform token (every free position; no persistent commit); at the
@@ -32,6 +32,8 @@ Differences from the reference, on purpose:
   * No trajectory is kept unless `return_trajectory=True`.
   * `constraint` (off by default): a task's rules exclude tokens before the step samples and ranks
     (`constraints.py`, e.g. a puzzle's rules, supplied by its task).
+  * `draw=BlockedInverseCdf()` (off by default) draws the same categorical by a two-level inverse CDF, without
+    Gumbel-max's random number per vocabulary entry (draws.py).
   * `score_temperature` (off by default, as the reference) lets the rule rank positions by logits at another
     temperature than the tokens are drawn at; early stopping and self-conditioning always use `shaped`.
 """
@@ -54,6 +56,7 @@ from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import KVCache
 from hackable_diffusion.models.self_conditioning import NULL_SIGNALS
 from hackable_diffusion.sampling.constraints import LogitConstraint
+from hackable_diffusion.sampling.draws import BlockedInverseCdf, GumbelMax
 from hackable_diffusion.sampling.early_stopping import EarlyStopping, diffusiongemma_early_stopping
 from hackable_diffusion.sampling.selection import NEG_LOGIT, EntropyBound, SelectionRule, StepInfo
 from hackable_diffusion.sampling.temperature import AnnealedTemperature, Temperature
@@ -79,6 +82,8 @@ class DiffusionSampler:
     views: None = one model call per step; PermutationViews = the step's logits are the mean log-probabilities of the
       model over K relabelled copies of the canvas, batched (views.py; K x the FLOPs, the same number of passes). The
       cached prefix is shared, not relabelled: meant for a task solved in place on an empty cache (a grid puzzle).
+    draw: how each position's candidate is drawn from the shaped logits (draws.py): `GumbelMax()` as the reference,
+      or `BlockedInverseCdf()`, the same distribution at a fraction of the cost (other tokens for the same key).
     """
 
     process: NoiseProcess
@@ -94,6 +99,7 @@ class DiffusionSampler:
     sc_temperature: float | None = None
     constraint: LogitConstraint | None = None
     views: PermutationViews | None = None
+    draw: GumbelMax | BlockedInverseCdf = GumbelMax()
 
     def __post_init__(self):
         checks = (
@@ -111,6 +117,8 @@ class DiffusionSampler:
                 raise ValueError(f"DiffusionSampler.{name} must be an int >= 1, got {value!r}.")
         if self.null_signal not in NULL_SIGNALS:
             raise ValueError(f"DiffusionSampler.null_signal must be one of {NULL_SIGNALS}, got {self.null_signal!r}.")
+        if not isinstance(self.draw, (GumbelMax, BlockedInverseCdf)):
+            raise ValueError(f"DiffusionSampler.draw must be GumbelMax() or BlockedInverseCdf(), got {self.draw!r}.")
         if self.selection.remasks and not self.persistent:
             raise ValueError(
                 f"{type(self.selection).__name__} re-masks committed tokens and needs a MaskingProcess, "
@@ -288,8 +296,7 @@ def _denoise(
             biased = jnp.where(sampler.constraint(old, decided, biased.shape[-1]), NEG_LOGIT, biased)
         shaped = biased / sampler.temperature(info.t)
         step_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, step), 3))(keys)
-        candidates = jax.vmap(lambda k, x: jax.random.categorical(k, x, axis=-1))(step_keys[:, 0], shaped)
-        candidates = candidates.astype(jnp.int32)
+        candidates = sampler.draw(step_keys[:, 0], shaped)
         undecided = free & (old == process.mask_id) if persistent else free
         scored = shaped if sampler.score_temperature is None else biased / sampler.score_temperature
         accept, remask = sampler.selection(step_keys[:, 1], scored, candidates, undecided, info)

@@ -55,7 +55,7 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
     """(TransformerConfig, params, extras) of a checkpoint; extras: what a writer may carry over."""
     import jax
 
-    from hackable_diffusion.models import gemma_convert, hf_convert
+    from hackable_diffusion.models import gemma_convert, hf_convert, quantize
     from hackable_diffusion.models.config import TransformerConfig
 
     if fmt == "hf":
@@ -78,6 +78,9 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
         params = sft.load_params(path / sft.FUSED_DIR)
     else:
         params, _ = pretrained.load_params(exp_lib.from_workdir(str(path)), str(path))
+        # a quantized run (python -m hackable_diffusion.quantize): its FP8 weights dequantized, in param_dtype
+        params = quantize.for_compute(params, cfg.param_dtype)
+        cfg = cfg.replace(weight_dtype=None)
     params = jax.device_get(params)
     if dtype:
         import numpy as np

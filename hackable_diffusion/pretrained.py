@@ -55,6 +55,8 @@ def load_params(exp: Experiment, workdir: str, *, use_ema: bool = True, step: in
     from hackable_diffusion.training.train_state import TrainState
 
     config = exp.config
+    if exp.model.cfg.weight_dtype == "float8_e4m3fn":  # a run written by `python -m hackable_diffusion.quantize`
+        return load_quantized_run(workdir)
     if config.get("init", {}).get("kind") == "hf":  # a run made from a Hugging Face checkpoint: its weights
         from hackable_diffusion.models import hf_convert
 
@@ -84,6 +86,24 @@ def load_params(exp: Experiment, workdir: str, *, use_ema: bool = True, step: in
         ckpt.close()
     params = state.ema_params if (use_ema and state.ema_params is not None) else state.params
     return params, int(step)
+
+
+QUANTIZED_DIR = "fp8_params"  # a quantized run's weights (models/quantize.py)
+QUANTIZED_SOURCE = "quantized_from.json"  # the run and step they were quantized from
+
+
+def load_quantized_run(workdir: str):
+    """(QuantizedParams, step) of a run written by `python -m hackable_diffusion.quantize`."""
+    from hackable_diffusion.models import quantize as Q
+
+    run = pathlib.Path(workdir)
+    if not (run / QUANTIZED_DIR).is_dir():
+        raise FileNotFoundError(
+            f"{workdir} says model.weight_dtype='float8_e4m3fn' but has no {QUANTIZED_DIR}/: make it with python -m "
+            f"hackable_diffusion.quantize --workdir TRAINED_RUN --out {workdir}."
+        )
+    source = json.loads((run / QUANTIZED_SOURCE).read_text())
+    return Q.load_quantized(run / QUANTIZED_DIR), int(source["step"])
 
 
 HF_PREFIX = "hf:"  # --workdir hf:DIR: a Hugging Face checkpoint directory used as a run

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from hackable_diffusion.models import quantize as Q
 from hackable_diffusion.models.attention import Attention, KVCache
 from hackable_diffusion.models.config import TransformerConfig, resolve_dtype
 from hackable_diffusion.models.layers import Embedder, FeedForward, GridEmbedding, RMSNorm
@@ -288,7 +289,7 @@ def forward(
     if positions is None:
         positions = positions_from_mask(token_mask)
     logits, _, aux = model.apply(
-        {"params": params},
+        {"params": Q.for_compute(params, model.cfg.param_dtype)},
         tokens,
         positions,
         mask,
@@ -317,7 +318,7 @@ def append(
         token_mask = jnp.ones(tokens.shape, bool)
     positions = positions_from_mask(token_mask, cache.next_positions())
     logits, new_cache, _ = model.apply(
-        {"params": params},
+        {"params": Q.for_compute(params, model.cfg.param_dtype)},
         tokens,
         positions,
         causal_mask(token_mask),
@@ -354,7 +355,7 @@ def decode_block(
     if self_mask is None:
         self_mask = bidirectional_mask(token_mask)
     logits, _, aux = model.apply(
-        {"params": params},
+        {"params": Q.for_compute(params, model.cfg.param_dtype)},
         tokens,
         positions,
         self_mask,
@@ -387,7 +388,9 @@ def with_scan_unroll(model: Transformer, unroll: int | None = None) -> Transform
 
 def model_method(model: Transformer, params, method: str, *args, **kwargs):
     """Calls a helper method of the model (`sc_signal`, `null_sc_signal`, `embed`, ...) with `params`."""
-    return model.apply({"params": params}, *args, method=getattr(Transformer, method), **kwargs)
+    return model.apply(
+        {"params": Q.for_compute(params, model.cfg.param_dtype)}, *args, method=getattr(Transformer, method), **kwargs
+    )
 
 
 # The run modes are jitted with the model as a static argument (a frozen, hashable dataclass): called eagerly, a

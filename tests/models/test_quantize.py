@@ -81,3 +81,35 @@ def test_decoding_with_fp8_weights_stays_close_to_the_full_precision_logits():
     assert 0 < rel(bf16) < rel(fp8) < min(0.25, 32 * rel(bf16)), (rel(bf16), rel(fp8))
     # the argmax of the next-token distribution is kept almost everywhere
     assert float(jnp.mean(jnp.argmax(fp8, -1) == jnp.argmax(want, -1))) >= 0.8
+
+
+def test_quantized_params_are_dequantized_inside_every_model_call(tmp_path):
+    """A `QuantizedParams` goes wherever params go: forward, append and decode_block equal the same calls on the
+    weights dequantized outside; `save_quantized` / `load_quantized` round-trip it bit for bit."""
+    from hackable_diffusion.models.attention import init_cache
+
+    model, params = _tiny()
+    quantized = Q.quantize_params(params)
+    outside = quantized.dequantize(jnp.float32)
+    tokens = jax.random.randint(jax.random.key(2), (2, 6), 4, 64)
+    np.testing.assert_allclose(
+        T.forward(model, quantized, tokens)[0], T.forward(model, outside, tokens)[0], rtol=1e-6, atol=1e-6
+    )
+    cache = init_cache(model.cfg, 2, 10)
+    logits_q, cache_q = T.append(model, quantized, tokens, cache)
+    logits_o, cache_o = T.append(model, outside, tokens, cache)
+    np.testing.assert_allclose(logits_q, logits_o, rtol=1e-6, atol=1e-6)
+    canvas = tokens[:, :4]
+    np.testing.assert_allclose(
+        T.decode_block(model, quantized, canvas, cache_q)[0],
+        T.decode_block(model, outside, canvas, cache_o)[0],
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    assert not np.allclose(T.forward(model, params, tokens)[0], T.forward(model, quantized, tokens)[0])  # FP8 moved it
+
+    loaded = Q.load_quantized(Q.save_quantized(quantized, tmp_path / "fp8"))
+    for a, b in zip(jax.tree.leaves(quantized), jax.tree.leaves(loaded), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))
+    assert jax.tree.structure(quantized) == jax.tree.structure(loaded)

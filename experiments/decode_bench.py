@@ -100,6 +100,19 @@ def best_time(fn, repeats: int) -> float:
     return min(times)
 
 
+def interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
+    """Median wall time of each function, compiled first, then timed in turns so that all see the same machine."""
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
 def median_time(fn, repeats: int) -> float:
     jax.block_until_ready(fn())  # compile
     times = []
@@ -287,7 +300,7 @@ def run(args) -> list[dict]:
                 draw=make_draw(args.draw),
             )
 
-            def generate(max_new, sampler=sampler):  # one cache size for both lengths: the same compiled programs
+            def generate(max_new, sampler=sampler, on_device=False):  # one cache size for both lengths: same programs
                 return gen_lib.generate(
                     model,
                     params,
@@ -297,14 +310,19 @@ def run(args) -> list[dict]:
                     max_new_tokens=max_new,
                     stop_tokens=(),
                     cache_length=cache_length,
+                    on_device=on_device,
                 ).tokens
 
             if fp8:
                 gen_s = prefill_s + n * (steps + 1) * canvas_s
                 ttft = prefill_s + (steps + 1) * canvas_s
             else:
-                gen_s = median_time(lambda: generate(new_tokens), repeats)
-                ttft = median_time(lambda: generate(c), repeats)
+                loops = {"host": lambda: generate(new_tokens), "device": lambda: generate(new_tokens, on_device=True)}
+                if args.canvas_loop != "both":
+                    loops = {args.canvas_loop: loops[args.canvas_loop]}
+                loop_s = interleaved_medians(loops, repeats)
+                gen_s = loop_s.get("host", loop_s.get("device"))
+                ttft = median_time(lambda: generate(c, on_device="host" not in loops), repeats)
             line = {
                 "benchmark": "decode_bench",
                 "model": args.model,
@@ -326,6 +344,7 @@ def run(args) -> list[dict]:
                 "steps_per_canvas": steps,
                 "steps_note": "fixed (random weights; early stopping off), entropy-bound selection",
                 "draw": args.draw,
+                "canvas_loop": args.canvas_loop,
                 "measured_peaks": {
                     "memory_gbps": peaks["bytes_per_s"] / 1e9,
                     "memory_gbps_by_kernel": {k: v / 1e9 for k, v in bandwidth.items() if k != "peak"},
@@ -339,6 +358,11 @@ def run(args) -> list[dict]:
                     "generation_s": gen_s,
                     "ttft_s": ttft,
                     "tokens_per_s_from_steps": c / ((steps + 1) * canvas_s),
+                    **(
+                        {"device_loop_generation_s": loop_s["device"], "device_loop_speedup": gen_s / loop_s["device"]}
+                        if not fp8 and len(loops) == 2
+                        else {}
+                    ),
                     "roofline_tokens_per_s": c
                     / (
                         (steps + 1)
@@ -399,6 +423,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--dispatch", default="", help="MoE dispatch override (ragged, sorted, dense)")
     parser.add_argument("--attention_impl", default="einsum", choices=["einsum", "dot_product"])
+    parser.add_argument(
+        "--canvas_loop",
+        default="host",
+        choices=["host", "device", "both"],
+        help="generation's loop over canvases: a Python loop, one compiled loop (generate(on_device=True)), or both "
+        "timed in turns (the canvas figures are the host loop's; canvas.device_loop_generation_s the other's)",
+    )
     parser.add_argument(
         "--draw", default="gumbel_max", choices=sorted(DRAWS), help="how candidates are drawn (sampling/draws.py)"
     )

@@ -15,14 +15,14 @@ if [[ -n "${DRY_RUN:-}" ]]; then
   PY=${PYTHON:-.venv/bin/python}
   MID=(--model tiny --prompt 8 --canvas 8 --canvases 2 --repeats 1 --bandwidth_mib 16 --matmul_n 256)
   BIG=(--model quickstart --prompt 16 --canvas 16 --canvases 2 --repeats 1 --bandwidth_mib 16 --matmul_n 256
-    --attention_impl dot_product)
+    --attention_impl dot_product --canvas_loop both)
   STEPS=2,4
 else
   python3 -m venv .venv-gpu
   .venv-gpu/bin/pip install -q -e '.[cuda12]'
   PY=.venv-gpu/bin/python
   MID=(--model small_moe --dtype bfloat16 --dispatch ragged)
-  BIG=(--model diffusiongemma_26b_a4b --dtype bfloat16 --bandwidth_mib 4096 --attention_impl dot_product)
+  BIG=(--model diffusiongemma_26b_a4b --dtype bfloat16 --bandwidth_mib 4096 --attention_impl dot_product --canvas_loop both)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia_smi.csv" || true
 fi
 "$PY" -c "import jax, jaxlib, json; d = jax.devices()[0]; print(json.dumps({'jax': jax.__version__, 'jaxlib': jaxlib.__version__, 'platform': d.platform, 'device': d.device_kind, 'count': jax.device_count()}))" | tee "$OUT/versions.json"

@@ -10,7 +10,9 @@ docs/reference.md §2.2-2.3 and §5):
     until every row has stopped, max_new_tokens are produced, or the next canvas would not fit the cache.
 
 The outer loop is a Python loop over canvases (one host sync per canvas to test whether every row is done); each
-piece is jit-compiled once per shape: prefill, `denoise_canvas` (a `lax.while_loop`), truncation, commit.
+piece is jit-compiled once per shape: prefill, `denoise_canvas` (a `lax.while_loop`), truncation, commit (which
+donates the old cache's buffers to the new one). `on_device=True` compiles the loop over canvases too, as one
+`lax.while_loop` around the same pieces: no host round trip between canvases (tested equal to the host loop).
 
 Differences from the reference, on purpose:
   * Never wraps around the cache (the reference's `is_full` test lets a canvas cross the end and overwrite the prefix):
@@ -47,7 +49,7 @@ from jaxtyping import Array, Bool, Float, Int
 from hackable_diffusion.data.tokenizers import EOS_ID, PAD_ID
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import KVCache, init_cache
-from hackable_diffusion.sampling.canvas import DiffusionSampler, denoise_canvas, row_keys
+from hackable_diffusion.sampling.canvas import DiffusionSampler, _denoise, denoise_canvas, row_keys
 from hackable_diffusion.sampling.selection import NEG_LOGIT
 
 
@@ -149,6 +151,60 @@ def commit_canvas(model: T.Transformer, params: Any, cache: KVCache, canvas: Int
     return T.append(model, params, canvas, cache, token_mask=canvas != PAD_ID)[1]
 
 
+@functools.partial(jax.jit, static_argnames=("model",), donate_argnames=("cache",))
+def _commit_donating(model: T.Transformer, params: Any, cache: KVCache, canvas: Int[Array, "b c"]) -> KVCache:
+    """`commit_canvas` that consumes its input cache (donated: the new cache may reuse its buffers)."""
+    return T.append(model, params, canvas, cache, token_mask=canvas != PAD_ID)[1]
+
+
+@functools.partial(jax.jit, static_argnames=("model", "sampler", "num_canvases"), donate_argnames=("cache",))
+def _canvases_on_device(model, params, cache, keys, fixed_all, given_all, stop, *, sampler, num_canvases):
+    """The loop over canvases as one compiled `lax.while_loop` (no host sync between canvases): each iteration is the
+    host loop's body (start, denoise, truncate, commit), and it ends when every row has stopped or all are done."""
+    b = keys.shape[0]
+    c = sampler.canvas_length
+
+    def cond(state):
+        return (state["index"] < num_canvases) & jnp.any(state["active"])
+
+    def body(state):
+        index, active = state["index"], state["active"]
+        canvas_fixed = jax.lax.dynamic_slice_in_dim(fixed_all, index * c, c, axis=1)
+        canvas_given = jax.lax.dynamic_slice_in_dim(given_all, index * c, c, axis=1)
+        init, canvas_keys = _start_canvas(keys, index, canvas_fixed, canvas_given, sampler=sampler)
+        result = _denoise(
+            model,
+            params,
+            state["cache"],
+            init,
+            canvas_keys,
+            canvas_fixed,
+            active,
+            sampler=sampler,
+            return_trajectory=False,
+        )
+        canvas, stopped = truncate_at_stop(result.canvas, stop, active)
+        return dict(
+            index=index + 1,
+            active=active & ~stopped,
+            cache=T.append(model, params, canvas, state["cache"], token_mask=canvas != PAD_ID)[1],
+            tokens=jax.lax.dynamic_update_slice_in_dim(state["tokens"], canvas, index * c, axis=1),
+            steps=state["steps"].at[:, index].set(result.steps),
+            passes=state["passes"] + result.forward_passes + 1,
+        )
+
+    state = dict(
+        index=jnp.zeros((), jnp.int32),
+        active=jnp.ones((b,), bool),
+        cache=cache,
+        tokens=jnp.full((b, num_canvases * c), PAD_ID, jnp.int32),
+        steps=jnp.zeros((b, num_canvases), jnp.int32),
+        passes=jnp.ones((), jnp.int32),  # the prefill
+    )
+    state = jax.lax.while_loop(cond, body, state)
+    return state["index"], state["tokens"], state["steps"], state["passes"], state["cache"]
+
+
 @jax.jit
 def truncate_at_stop(
     canvas: Int[Array, "b c"], stop_tokens: Int[Array, "n"], active: Bool[Array, "b"]
@@ -185,6 +241,7 @@ def generate(
     fixed: Bool[Array, "b n"] | None = None,
     fixed_tokens: Int[Array, "b n"] | None = None,
     return_trajectory: bool = False,
+    on_device: bool = False,
 ) -> GenerationResult:
     """Generates up to `max_new_tokens` after each prompt, one canvas of `sampler.canvas_length` at a time.
 
@@ -193,6 +250,8 @@ def generate(
       own key and prompt, so `keys[i:i+1]` with prompt i alone reproduces row i of a batch.
     cache_length: slots in the KV cache (default: prompt width + every canvas needed); a shorter cache stops early.
     fixed, fixed_tokens: (b, n <= max_new_tokens) positions of the generated region held to given tokens.
+    on_device: run the loop over canvases as one compiled `lax.while_loop` (no host sync between canvases; the same
+      tokens, steps and forward passes as the host loop); not with `return_trajectory`.
     """
     tokens, mask = _as_prompt_batch(prompts, prompt_mask)
     _check_max_new(max_new_tokens)
@@ -235,9 +294,35 @@ def generate(
         fixed_all[:, : fixed.shape[1]] = fixed
         given_all[:, : fixed.shape[1]] = fixed_tokens
 
+    if on_device and return_trajectory:
+        raise ValueError("return_trajectory needs the host loop over canvases: pass on_device=False.")
     keys = row_keys(key, b)
     _, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
     stop = _stop_array(stop_tokens)
+    if on_device:
+        done, all_tokens, all_steps, passes, cache = _canvases_on_device(
+            model,
+            params,
+            cache,
+            keys,
+            jnp.asarray(fixed_all[:, :region]),
+            jnp.asarray(given_all[:, :region]),
+            stop,
+            sampler=sampler,
+            num_canvases=num_canvases,
+        )
+        done = int(done)
+        out = np.full((b, max_new_tokens), PAD_ID, np.int32)
+        generated = np.asarray(all_tokens)[:, : min(done * c, max_new_tokens)]
+        out[:, : generated.shape[1]] = generated
+        return GenerationResult(
+            tokens=out,
+            lengths=_lengths(out, stop_tokens, done * c),
+            forward_passes=int(passes),
+            steps=np.asarray(all_steps)[:, :done],
+            trajectories=None,
+            cache=cache,
+        )
     # Kept on the host: a device array here would come back from `truncate_at_stop` with the mesh's sharding, and
     # that changed input type would compile the denoising loop a second time for the second canvas.
     active = np.ones((b,), bool)
@@ -261,7 +346,7 @@ def generate(
             return_trajectory=return_trajectory,
         )
         canvas, stopped = truncate_at_stop(result.canvas, stop, active)
-        cache = commit_canvas(model, params, cache, canvas)
+        cache = _commit_donating(model, params, cache, canvas)
         forward_passes += int(result.forward_passes) + 1
         active = active & ~np.asarray(stopped)
         outputs.append(np.asarray(canvas))

@@ -76,6 +76,39 @@ def test_generate_stops_rows_independently_with_fixed_positions(batch_run):
 
 
 @pytest.mark.slow
+def test_the_loop_over_canvases_on_device_equals_the_host_loop(model_and_params, batch_run):
+    """`on_device=True` (one compiled loop over canvases) gives the host loop's tokens, lengths, steps, forward passes
+    and cache: with fixed positions and rows stopping at different canvases, with every row stopping early (the
+    loop ends before its last canvas), and with a masking sampler and a max_new_tokens that cuts the last canvas."""
+    from _tiny_sampling import masking_sampler
+
+    from hackable_diffusion.sampling import selection as S
+
+    model, params = model_and_params
+    keys, fixed, given, kwargs, host = batch_run
+    cases = [(dict(key=keys, fixed=fixed, fixed_tokens=given, **kwargs), host)]
+    early = np.zeros((2, 12), bool)
+    early[:, 1] = True  # both rows forced to EOS in canvas 0: canvases 1 and 2 never run
+    stop_early = dict(key=3, fixed=early, fixed_tokens=np.where(early, EOS_ID, 0), **dict(kwargs, max_new_tokens=12))
+    masking = dict(key=5, sampler=masking_sampler(S.EntropyBound(0.5)), max_new_tokens=7)
+    cases += [(stop_early, None), (masking, None)]
+    for case, result in cases:
+        result = result or generate(model, params, PROMPTS, **case)
+        fused = generate(model, params, PROMPTS, on_device=True, **case)
+        np.testing.assert_array_equal(fused.tokens, result.tokens)
+        np.testing.assert_array_equal(fused.lengths, result.lengths)
+        np.testing.assert_array_equal(fused.steps, result.steps)
+        assert fused.forward_passes == result.forward_passes
+        assert int(fused.cache.end_index) == int(result.cache.end_index)
+        np.testing.assert_array_equal(fused.cache.valid, result.cache.valid)
+        for a, b in zip(fused.cache.layers, result.cache.layers):
+            np.testing.assert_allclose(a["k"], b["k"], atol=1e-6)
+    assert generate(model, params, PROMPTS, on_device=True, **stop_early).steps.shape == (2, 1)  # stopped after one
+    with pytest.raises(ValueError, match="on_device=False"):
+        generate(model, params, PROMPTS, on_device=True, return_trajectory=True, **masking)
+
+
+@pytest.mark.slow
 def test_same_prompt_alone_and_in_a_padded_batch_give_the_same_tokens(model_and_params, batch_run):
     model, params = model_and_params
     keys, fixed, given, kwargs, result = batch_run

@@ -10,9 +10,9 @@ docs/reference.md §2.2-2.3 and §5):
     until every row has stopped, max_new_tokens are produced, or the next canvas would not fit the cache.
 
 The outer loop is a Python loop over canvases (one host sync per canvas to test whether every row is done); each
-piece is jit-compiled once per shape: prefill, `denoise_canvas` (a `lax.while_loop`), truncation, commit (which
-donates the old cache's buffers to the new one). `on_device=True` compiles the loop over canvases too, as one
-`lax.while_loop` around the same pieces: no host round trip between canvases (tested equal to the host loop).
+piece is jit-compiled once per shape: prefill, `denoise_canvas` (a `lax.while_loop`), truncation, commit.
+`on_device=True` compiles the loop over canvases too, as one `lax.while_loop` around the same pieces that takes the
+prefill's cache donated: no host round trip between canvases (tested equal to the host loop).
 
 Differences from the reference, on purpose:
   * Never wraps around the cache (the reference's `is_full` test lets a canvas cross the end and overwrite the prefix):
@@ -148,12 +148,6 @@ def prefill(
 @functools.partial(jax.jit, static_argnames=("model",))
 def commit_canvas(model: T.Transformer, params: Any, cache: KVCache, canvas: Int[Array, "b c"]) -> KVCache:
     """Encodes a (truncated) canvas causally into the cache; PAD positions become invalid, never-attended slots."""
-    return T.append(model, params, canvas, cache, token_mask=canvas != PAD_ID)[1]
-
-
-@functools.partial(jax.jit, static_argnames=("model",), donate_argnames=("cache",))
-def _commit_donating(model: T.Transformer, params: Any, cache: KVCache, canvas: Int[Array, "b c"]) -> KVCache:
-    """`commit_canvas` that consumes its input cache (donated: the new cache may reuse its buffers)."""
     return T.append(model, params, canvas, cache, token_mask=canvas != PAD_ID)[1]
 
 
@@ -346,7 +340,7 @@ def generate(
             return_trajectory=return_trajectory,
         )
         canvas, stopped = truncate_at_stop(result.canvas, stop, active)
-        cache = _commit_donating(model, params, cache, canvas)
+        cache = commit_canvas(model, params, cache, canvas)
         forward_passes += int(result.forward_passes) + 1
         active = active & ~np.asarray(stopped)
         outputs.append(np.asarray(canvas))

@@ -36,10 +36,11 @@ from hackable_diffusion.models.config import TransformerConfig, resolve_dtype
 from hackable_diffusion.models.layers import (
     RMSNorm,
     apply_rope,
+    from_heads,
     grid_bias_init,
     grid_relations,
     rms_normalize,
-    token_einsum,
+    to_heads,
 )
 
 NEG_INF = -1e30
@@ -151,14 +152,14 @@ class Attention(nn.Module):
         init = nn.initializers.normal(stddev=d**-0.5)
 
         w_q = self.param("q_einsum", init, (cfg.num_heads, d, head_dim), pdtype)
-        q = token_einsum("td,ndh->tnh", x, w_q, dtype)
+        q = to_heads(x, w_q, dtype)
         if is_global and cfg.k_eq_v_global:
             w_k = self.param("k_einsum", init, (kv_heads, d, head_dim), pdtype)
-            k = token_einsum("td,kdh->tkh", x, w_k, dtype)
+            k = to_heads(x, w_k, dtype)
             v = k
         else:
             w_kv = self.param("kv_einsum", init, (2, kv_heads, d, head_dim), pdtype)
-            kv = token_einsum("td,ckdh->tckh", x, w_kv, dtype)
+            kv = to_heads(x, w_kv, dtype)
             k, v = kv[:, :, 0], kv[:, :, 1]
 
         if cfg.qk_norm:
@@ -230,4 +231,4 @@ class Attention(nn.Module):
             (cfg.num_heads, head_dim, d),
             pdtype,
         )
-        return token_einsum("tnh,nhd->td", out, w_o, dtype), new_cache
+        return from_heads(out, w_o, dtype), new_cache

@@ -6,6 +6,7 @@ bidirectional passes, prefill then one-token decode (the cache written), and a c
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -71,3 +72,34 @@ def test_the_grid_bias_is_applied_the_same_way():
 def test_an_unknown_implementation_is_refused():
     with pytest.raises(ValueError, match="attention_impl"):
         TransformerConfig.from_dict(dict(presets.tiny(), attention_impl="flash"))
+
+
+def test_per_head_products_for_few_tokens_equal_the_einsums():
+    """`layers.to_heads` / `from_heads` (a dot batched over the heads for <= PER_HEAD_MAX_TOKENS tokens) equal the
+    plain einsums they replace, values and gradients, for q (n, d, h), k (k, d, h), kv (2, k, d, h) and the output."""
+    from hackable_diffusion.models import layers as L
+
+    keys = jax.random.split(jax.random.key(0), 6)
+    x = jax.random.normal(keys[0], (2, 3, 16))
+    weights = {
+        "td,ndh->tnh": jax.random.normal(keys[1], (4, 16, 8)),
+        "td,kdh->tkh": jax.random.normal(keys[2], (2, 16, 8)),
+        "td,ckdh->tckh": jax.random.normal(keys[3], (2, 2, 16, 8)),
+    }
+    assert 2 * 3 <= L.PER_HEAD_MAX_TOKENS
+    for eqn, w in weights.items():
+        want = L.token_einsum(eqn, x, w, jnp.float32)
+        np.testing.assert_allclose(L.to_heads(x, w, jnp.float32), want, rtol=1e-5, atol=1e-5)
+        grad = jax.grad(lambda x, w: jnp.sum(jnp.sin(L.to_heads(x, w, jnp.float32))), argnums=(0, 1))(x, w)
+        ref = jax.grad(lambda x, w: jnp.sum(jnp.sin(L.token_einsum(eqn, x, w, jnp.float32))), argnums=(0, 1))(x, w)
+        for a, b in zip(grad, ref):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    heads = jax.random.normal(keys[4], (2, 3, 4, 8))
+    w_o = jax.random.normal(keys[5], (4, 8, 16))
+    want = L.token_einsum("tnh,nhd->td", heads, w_o, jnp.float32)
+    np.testing.assert_allclose(L.from_heads(heads, w_o, jnp.float32), want, rtol=1e-5, atol=1e-5)
+    many = jax.random.normal(keys[0], (2, L.PER_HEAD_MAX_TOKENS, 16))  # above the threshold: the einsum itself
+    np.testing.assert_array_equal(
+        L.to_heads(many, weights["td,ndh->tnh"], jnp.float32),
+        L.token_einsum("td,ndh->tnh", many, weights["td,ndh->tnh"], jnp.float32),
+    )

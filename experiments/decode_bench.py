@@ -114,13 +114,7 @@ def interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
 
 
 def median_time(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())  # compile
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return interleaved_medians({"only": fn}, repeats)["only"]
 
 
 def measure_bandwidth(num_bytes: int, repeats: int) -> dict[str, float]:

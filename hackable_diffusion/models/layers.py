@@ -68,7 +68,8 @@ def to_heads(x: Float[Array, "b l d"], w: Float[Array, "... d h"], dtype: Any) -
     (`weight_first`); the copy was most of an AR decode step. For at most `PER_HEAD_MAX_TOKENS` tokens the product is
     a dot batched over the heads, which takes each head's (D, H) matrix as stored (the tokens are broadcast over the
     heads instead: cheap for few tokens). Measured on an 80M model's AR step (3 layers of width 1024): 34 -> 14 ms,
-    82% of the machine's measured bandwidth (results/text/README.md). Tested equal to the plain einsum (tests/models/test_attention_impl.py).
+    82% of the machine's measured bandwidth (results/text/README.md). Tested equal to the plain einsum
+    (tests/models/test_attention_impl.py).
     """
     b, l, d = x.shape
     heads, h = w.shape[:-2], w.shape[-1]

@@ -11,7 +11,8 @@ as the output head's matmul has outputs. Two ways to draw, the same distribution
 * `BlockedInverseCdf`: inverse-CDF sampling in two levels with two uniforms per position: the vocabulary is cut
   into blocks of `block` ids, a block is drawn with probability its mass, then an id inside it with probability
   proportional to its weight. P(id) = mass(block)/total x weight(id)/mass(block) = weight(id)/total: the exact
-  categorical, with one exponential per entry and no per-entry random numbers. Not in the reference. It draws other tokens than `GumbelMax` for the same key, so seeded outputs differ between the two.
+  categorical, with one exponential per entry and no per-entry random numbers. Not in the reference. It draws other
+  tokens than `GumbelMax` for the same key, so seeded outputs differ between the two.
 
 Both take the (b, c, v) float32 logits, a (b,) array of row keys and return (b, c) int32 ids; logits of -1e30
 (forbidden tokens) are never drawn by either.

@@ -181,7 +181,7 @@ def _canvases_on_device(model, params, cache, keys, fixed_all, given_all, stop, 
         return dict(
             index=index + 1,
             active=active & ~stopped,
-            cache=T.append(model, params, canvas, state["cache"], token_mask=canvas != PAD_ID)[1],
+            cache=commit_canvas(model, params, state["cache"], canvas),
             tokens=jax.lax.dynamic_update_slice_in_dim(state["tokens"], canvas, index * c, axis=1),
             steps=state["steps"].at[:, index].set(result.steps),
             passes=state["passes"] + result.forward_passes + 1,
@@ -293,6 +293,7 @@ def generate(
     keys = row_keys(key, b)
     _, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
     stop = _stop_array(stop_tokens)
+    trajectories = []
     if on_device:
         done, all_tokens, all_steps, passes, cache = _canvases_on_device(
             model,
@@ -306,58 +307,52 @@ def generate(
             num_canvases=num_canvases,
         )
         done = int(done)
-        out = np.full((b, max_new_tokens), PAD_ID, np.int32)
-        generated = np.asarray(all_tokens)[:, : min(done * c, max_new_tokens)]
-        out[:, : generated.shape[1]] = generated
-        return GenerationResult(
-            tokens=out,
-            lengths=_lengths(out, stop_tokens, done * c),
-            forward_passes=int(passes),
-            steps=np.asarray(all_steps)[:, :done],
-            trajectories=None,
-            cache=cache,
-        )
-    # Kept on the host: a device array here would come back from `truncate_at_stop` with the mesh's sharding, and
-    # that changed input type would compile the denoising loop a second time for the second canvas.
-    active = np.ones((b,), bool)
-    forward_passes = 1
-    outputs, steps, trajectories = [], [], []
-    for index in range(num_canvases):
-        if not active.any():
-            break
-        span = slice(index * c, (index + 1) * c)
-        canvas_fixed, canvas_given = fixed_all[:, span], given_all[:, span]
-        init, canvas_keys = _start_canvas(keys, index, canvas_fixed, canvas_given, sampler=sampler)
-        result = denoise_canvas(
-            model,
-            params,
-            cache,
-            init,
-            canvas_keys,
-            sampler=sampler,
-            fixed=canvas_fixed,
-            active=active,
-            return_trajectory=return_trajectory,
-        )
-        canvas, stopped = truncate_at_stop(result.canvas, stop, active)
-        cache = commit_canvas(model, params, cache, canvas)
-        forward_passes += int(result.forward_passes) + 1
-        active = active & ~np.asarray(stopped)
-        outputs.append(np.asarray(canvas))
-        steps.append(np.asarray(result.steps))
-        if return_trajectory:
-            trajectories.append(np.asarray(result.trajectory))
+        generated = np.asarray(all_tokens)[:, : done * c]
+        steps = np.asarray(all_steps)[:, :done]
+        forward_passes = int(passes)
+    else:
+        # Kept on the host: a device array here would come back from `truncate_at_stop` with the mesh's sharding, and
+        # that changed input type would compile the denoising loop a second time for the second canvas.
+        active = np.ones((b,), bool)
+        forward_passes = 1
+        outputs, per_canvas_steps = [], []
+        for index in range(num_canvases):
+            if not active.any():
+                break
+            span = slice(index * c, (index + 1) * c)
+            canvas_fixed, canvas_given = fixed_all[:, span], given_all[:, span]
+            init, canvas_keys = _start_canvas(keys, index, canvas_fixed, canvas_given, sampler=sampler)
+            result = denoise_canvas(
+                model,
+                params,
+                cache,
+                init,
+                canvas_keys,
+                sampler=sampler,
+                fixed=canvas_fixed,
+                active=active,
+                return_trajectory=return_trajectory,
+            )
+            canvas, stopped = truncate_at_stop(result.canvas, stop, active)
+            cache = commit_canvas(model, params, cache, canvas)
+            forward_passes += int(result.forward_passes) + 1
+            active = active & ~np.asarray(stopped)
+            outputs.append(np.asarray(canvas))
+            per_canvas_steps.append(np.asarray(result.steps))
+            if return_trajectory:
+                trajectories.append(np.asarray(result.trajectory))
+        generated = np.concatenate(outputs, axis=1) if outputs else np.zeros((b, 0), np.int32)
+        steps = np.stack(per_canvas_steps, axis=1) if per_canvas_steps else np.zeros((b, 0), np.int32)
 
-    produced = len(outputs) * c
+    produced = generated.shape[1]
     out = np.full((b, max_new_tokens), PAD_ID, np.int32)
-    if outputs:
-        generated = np.concatenate(outputs, axis=1)[:, :max_new_tokens]
-        out[:, : generated.shape[1]] = generated
+    kept = generated[:, :max_new_tokens]
+    out[:, : kept.shape[1]] = kept
     return GenerationResult(
         tokens=out,
         lengths=_lengths(out, stop_tokens, produced),
         forward_passes=forward_passes,
-        steps=np.stack(steps, axis=1) if steps else np.zeros((b, 0), np.int32),
+        steps=steps,
         trajectories=tuple(trajectories) if return_trajectory else None,
         cache=cache,
     )

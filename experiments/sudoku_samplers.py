@@ -40,6 +40,7 @@ import time
 import numpy as np
 
 from hackable_diffusion import cli
+from hackable_diffusion.tasks.sudoku.data import random_subset
 
 SETTINGS = [  # (label, selection, its arguments, step budget[, repairs[, restarts[, rules[, views[, attempts]]]]])
     ("ancestral", "ancestral", {}, 12),
@@ -109,12 +110,6 @@ def load_set(puzzle_set, config) -> dict:
     data, dropped = load_held_out(puzzle_set, config)
     data["dropped_as_in_training"] = dropped or 0
     return data
-
-
-def random_subset(data: dict, n: int, seed: int) -> dict:
-    """A seeded random subset of n rows, in file order (the Kaggle file is sorted by level)."""
-    pick = np.sort(np.random.default_rng(seed).choice(len(data["puzzles"]), n, replace=False))
-    return {k: (v[pick] if isinstance(v, np.ndarray) else v) for k, v in data.items()}
 
 
 def score(exp, params, data, config, batch_size=250) -> dict:

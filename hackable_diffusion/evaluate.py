@@ -19,7 +19,7 @@ metrics (`tasks/sudoku/metrics.py`: overall, by givens >= 40 / 30-39 / < 30, and
 has one), forward passes per puzzle and puzzles per second (after one compile batch). The puzzles: `--data FILE.csv`
 (`tasks/sudoku/csv_io.py` layouts), or `--num_puzzles` generated unique-solution puzzles with `--givens=LO,HI` givens
 from generator seed `--puzzle_seed`, which must differ from the training seed (duplicates and puzzles the run trained
-on are dropped).
+on are dropped); `--solver_class=search` keeps only those that make the exact solver guess.
 """
 
 from __future__ import annotations
@@ -42,7 +42,18 @@ def define_flags(argv: list[str]):
     flags.DEFINE_list("givens", None, "sudoku: generate puzzles with LO,HI givens (inclusive), e.g. 30,36.")
     flags.DEFINE_integer("num_puzzles", 1000, "sudoku: how many puzzles to generate (with --givens).")
     flags.DEFINE_integer("puzzle_seed", 7, "sudoku: the generator seed of the puzzles (not the run's training seed).")
+    flags.DEFINE_enum(
+        "solver_class",
+        "all",
+        ["all", "singles", "search"],
+        "sudoku, generated puzzles: keep only those the exact solver finishes by singles alone, or only those that "
+        "made it guess (of the --num_puzzles generated).",
+    )
     flags.DEFINE_integer("limit", 0, "sudoku: first N puzzles only (0 = all).")
+    flags.DEFINE_integer(
+        "subset", 0, "sudoku, --data file: a seeded random subset of N rows in file order (0 = every row)."
+    )
+    flags.DEFINE_integer("subset_seed", 1, "sudoku: the seed of --subset.")
     flags.DEFINE_integer("num_batches", 0, "Validation batches (0 = the whole split).")
     flags.DEFINE_integer("batch_size", 0, "Evaluation batch size (0 = config.eval.batch_size).")
     flags.DEFINE_integer("repeats", 1, "Monte-Carlo passes over the split (diffusion ELBO).")
@@ -205,14 +216,28 @@ def sudoku(
     return {**head, **scores}
 
 
-def puzzle_set_from_flags(data: str | None, givens: list[str] | None, num_puzzles: int, puzzle_seed: int):
-    """`--data FILE` or `--givens=LO,HI --num_puzzles=N --puzzle_seed=S` as a puzzle set."""
+def puzzle_set_from_flags(
+    data: str | None,
+    givens: list[str] | None,
+    num_puzzles: int,
+    puzzle_seed: int,
+    solver_class: str = "all",
+    subset: int = 0,
+    subset_seed: int = 1,
+):
+    """`--data FILE` or `--givens=LO,HI --num_puzzles=N --puzzle_seed=S [--solver_class=search]` as a puzzle set."""
     from hackable_diffusion.tasks.sudoku.data import GeneratedPuzzles, PuzzleFile
 
     if data and givens:
         raise app.UsageError("pass either --data FILE.csv or --givens=LO,HI (generated puzzles), not both.")
     if data:
-        return PuzzleFile(data)
+        if solver_class != "all":
+            raise app.UsageError("--solver_class filters generated puzzles (--givens); a --data file is used whole.")
+        if subset < 0:
+            raise app.UsageError(f"--subset={subset} must be >= 0 (0: every row of the file).")
+        return PuzzleFile(data, subset, subset_seed)
+    if subset:
+        raise app.UsageError("--subset picks rows of a --data file; for generated puzzles set --num_puzzles.")
     if not givens:
         raise app.UsageError(
             "--task sudoku needs --data FILE.csv or --givens=LO,HI (with --num_puzzles, --puzzle_seed)."
@@ -222,7 +247,7 @@ def puzzle_set_from_flags(data: str | None, givens: list[str] | None, num_puzzle
     except ValueError:
         raise app.UsageError(f"--givens={','.join(givens)} must be two integers LO,HI, e.g. --givens=30,36.") from None
     try:
-        return GeneratedPuzzles((lo, hi), num_puzzles, puzzle_seed)
+        return GeneratedPuzzles((lo, hi), num_puzzles, puzzle_seed, None if solver_class == "all" else solver_class)
     except ValueError as err:
         raise app.UsageError(f"--givens / --num_puzzles: {err}") from None
 
@@ -247,7 +272,15 @@ def main(argv):
     if FLAGS.repeats < 1:
         raise app.UsageError(f"--repeats={FLAGS.repeats} must be >= 1.")
     puzzle_set = (
-        puzzle_set_from_flags(FLAGS.data, FLAGS.givens, FLAGS.num_puzzles, FLAGS.puzzle_seed)
+        puzzle_set_from_flags(
+            FLAGS.data,
+            FLAGS.givens,
+            FLAGS.num_puzzles,
+            FLAGS.puzzle_seed,
+            FLAGS.solver_class,
+            FLAGS.subset,
+            FLAGS.subset_seed,
+        )
         if (FLAGS.task == "sudoku")
         else None
     )

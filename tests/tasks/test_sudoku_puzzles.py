@@ -432,3 +432,25 @@ def test_metrics_empty_buckets_and_alternative_solutions(kaggle):
         sudoku_metrics.sudoku_metrics(other[None], puzzle[None], np.stack([solution, solution]))
     with pytest.raises(ValueError, match=r"shape \(n, 81\)"):
         sudoku_metrics.sudoku_metrics(other, puzzle, solution)
+
+
+def test_held_out_sets_keep_one_solver_class_and_files_give_seeded_subsets(tmp_path):
+    from hackable_diffusion.tasks.sudoku.data import GeneratedPuzzles, PuzzleFile
+
+    everything = GeneratedPuzzles((22, 26), 16, 9).load(cache_dir=str(tmp_path))
+    classes = solver.solver_class(everything["puzzles"])
+    assert {"singles", "search"} <= set(classes.tolist())  # the set holds both, so the filter has work to do
+    for name in ("singles", "search"):
+        kept = GeneratedPuzzles((22, 26), 16, 9, name).load(cache_dir=str(tmp_path))
+        np.testing.assert_array_equal(kept["puzzles"], everything["puzzles"][classes == name])
+        np.testing.assert_array_equal(kept["solutions"], everything["solutions"][classes == name])
+    with pytest.raises(ValueError, match="solver_class"):
+        GeneratedPuzzles((22, 26), 16, 9, "hard")
+    whole = PuzzleFile("kaggle3m_curated_5000.csv").load()
+    subset = PuzzleFile("kaggle3m_curated_5000.csv", 50, 1).load()
+    rows = np.sort(np.random.default_rng(1).choice(len(whole["puzzles"]), 50, replace=False))
+    np.testing.assert_array_equal(subset["puzzles"], whole["puzzles"][rows])
+    np.testing.assert_array_equal(subset["level"], whole["level"][rows])
+    assert len(np.unique(subset["level"])) > 1  # drawn across the file's levels, not its first rows
+    with pytest.raises(ValueError, match="subset of 6000"):
+        PuzzleFile("kaggle3m_curated_5000.csv", 6000).load()

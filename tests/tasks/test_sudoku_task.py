@@ -291,9 +291,16 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
         evaluate.sudoku(workdir, GeneratedPuzzles((30, 36), 5, 0))
     assert evaluate.puzzle_set_from_flags(None, ["30", "36"], 5, 7) == GeneratedPuzzles((30, 36), 5, 7)
     assert evaluate.puzzle_set_from_flags("p.csv", None, 5, 7) == PuzzleFile("p.csv")
+    assert evaluate.puzzle_set_from_flags(None, ["30", "36"], 5, 7, "search") == GeneratedPuzzles(
+        (30, 36), 5, 7, "search"
+    )
+    assert evaluate.puzzle_set_from_flags("p.csv", None, 5, 7, "all", 3, 2) == PuzzleFile("p.csv", 3, 2)
     from absl import app
 
     for args, message in [
+        (("p.csv", None, 5, 7, "search"), "--solver_class filters generated"),
+        ((None, ["30", "36"], 5, 7, "all", 3), "--subset picks rows"),
+        (("p.csv", None, 5, 7, "all", -1), "--subset=-1"),
         ((None, ["30"], 5, 7), "two integers"),
         (("p.csv", ["30", "36"], 5, 7), "either --data"),
         ((None, None, 5, 7), "needs --data"),

@@ -15,7 +15,7 @@ import numpy as np
 from jaxtyping import Bool, Int
 
 from hackable_diffusion.data import text as text_lib
-from hackable_diffusion.tasks.sudoku import csv_io, generator
+from hackable_diffusion.tasks.sudoku import csv_io, generator, solver
 from hackable_diffusion.tasks.sudoku.layouts import layout_of
 from hackable_diffusion.tasks.sudoku.vocab import SudokuVocab
 
@@ -124,11 +124,13 @@ def make_train_iterator(
 @dataclasses.dataclass(frozen=True)
 class GeneratedPuzzles:
     """`count` unique-solution puzzles with `givens` = (lo, hi) givens from generator seed `seed` (duplicates
-    dropped); the seed must differ from the run's training seed."""
+    dropped); the seed must differ from the run's training seed. `solver_class` "singles" or "search" keeps only the
+    puzzles of that class of the exact solver (`solver.solver_class`) among the `count` generated."""
 
     givens: tuple[int, int]
     count: int
     seed: int
+    solver_class: str | None = None
 
     def __post_init__(self):
         lo, hi = self.givens
@@ -136,10 +138,13 @@ class GeneratedPuzzles:
             raise ValueError(f"givens must satisfy 17 <= low <= high <= 80, got {self.givens}.")
         if self.count < 1:
             raise ValueError(f"the number of puzzles must be >= 1, got {self.count}.")
+        if self.solver_class not in (None, "singles", "search"):
+            raise ValueError(f"solver_class={self.solver_class!r} must be None (all), 'singles' or 'search'.")
 
     @property
     def label(self) -> str:
-        return f"generated {self.givens[0]}-{self.givens[1]} givens, {self.count} puzzles, seed {self.seed}"
+        kept = f", {self.solver_class} class only" if self.solver_class else ""
+        return f"generated {self.givens[0]}-{self.givens[1]} givens, {self.count} puzzles, seed {self.seed}{kept}"
 
     def load(self, *, train_seed: int | None = None, cache_dir: str = "default") -> dict[str, np.ndarray]:
         if train_seed is not None and self.seed == train_seed:
@@ -149,25 +154,40 @@ class GeneratedPuzzles:
         data = generator.generate_dataset(self.count, self.givens, seed=self.seed, unique=True, cache_dir=cache_dir)
         _, first = np.unique(data["puzzles"], axis=0, return_index=True)
         keep = np.sort(first)
+        if self.solver_class:
+            keep = keep[solver.solver_class(data["puzzles"][keep]) == self.solver_class]
         return {"puzzles": data["puzzles"][keep], "solutions": data["solutions"][keep]}
+
+
+def random_subset(data: dict[str, np.ndarray], n: int, seed: int) -> dict[str, np.ndarray]:
+    """A seeded random subset of `n` rows, kept in file order (the Kaggle file is sorted by level)."""
+    total = len(data["puzzles"])
+    if not 1 <= n <= total:
+        raise ValueError(f"a subset of {n} puzzles: the set has {total}; ask for 1..{total}.")
+    pick = np.sort(np.random.default_rng(seed).choice(total, n, replace=False))
+    return {k: (v[pick] if isinstance(v, np.ndarray) else v) for k, v in data.items()}
 
 
 @dataclasses.dataclass(frozen=True)
 class PuzzleFile:
     """Puzzles and solutions (and a `level` column when there is one) from a CSV file: a path, or the name of a file
-    that ships with the package (kaggle3m_curated_5000.csv) or lies in $HD_DATA_DIR."""
+    that ships with the package (kaggle3m_curated_5000.csv) or lies in $HD_DATA_DIR; `subset` > 0: a seeded random
+    `subset` of its rows (`random_subset`, seed `subset_seed`)."""
 
     path: str
+    subset: int = 0
+    subset_seed: int = 1
 
     @property
     def label(self) -> str:
-        return self.path
+        return self.path + (f", random subset of {self.subset} (seed {self.subset_seed})" if self.subset else "")
 
     def load(self, *, train_seed: int | None = None, cache_dir: str = "default") -> dict[str, np.ndarray]:
         del train_seed, cache_dir
         path = self.path if pathlib.Path(self.path).is_file() else text_lib.data_file(self.path)
         data = csv_io.read_sudoku_csv(path)
-        return {k: data[k] for k in ("puzzles", "solutions", "level") if k in data}
+        data = {k: data[k] for k in ("puzzles", "solutions", "level") if k in data}
+        return random_subset(data, self.subset, self.subset_seed) if self.subset else data
 
 
 def training_overlap(

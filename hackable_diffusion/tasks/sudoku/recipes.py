@@ -158,7 +158,7 @@ def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
     """Moves the Sudoku settings of a config saved before `config.solver` existed out of `config.sampler` (in place):
     `constraint="sudoku"` -> `solver.rules=True`, `views="sudoku:K[:SEED]"` -> `solver.views=K, views_seed=SEED`,
     `restart_selection_kwargs='{"gumbel_scale": g}'` -> `solver.restart_gumbel_scale=g`, and the other solver keys
-    as they were."""
+    as they were; a saved `config.solver` gains the keys added since, at their defaults."""
     s = config.sampler
     old = {key: s[key] for key in _OLD_SOLVER_KEYS if key in s}
     constraint = str(s.get("constraint", "") or "")
@@ -168,7 +168,12 @@ def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
         for key in (*_OLD_SOLVER_KEYS, "constraint", "views", "restart_selection_kwargs"):
             if key in s:
                 del s[key]
-    if "solver" in config:
+    if "solver" in config:  # a section saved before some keys existed: their defaults (the model alone) join it
+        defaults = solver_section()
+        missing = {key: defaults[key] for key in defaults if key not in config.solver}
+        if missing:
+            with config.solver.unlocked():
+                config.solver.update(missing)
         return
     if constraint not in ("", "none", "sudoku"):
         raise ValueError(f"saved config: sampler.constraint={constraint!r} is not a known constraint.")

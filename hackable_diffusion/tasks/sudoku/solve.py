@@ -19,6 +19,10 @@ empty KV cache; canvas layout, `generate` after the puzzle's prompt; AR layout, 
   far plus an attempt's most fit in B.
 * `rules` (the `rules.SudokuRules` constraint) and `views` (K symmetry views averaged inside each step) change the
   sampler itself.
+* `search=True` replaces the sampler by the model-steered depth-first search of `search.py` (sure cells at margin
+  `search_sure_margin`, a branch point at `search_branch`'s cell when none is sure, backtracking on a rule violation)
+  within `pass_budget` passes; `search_scores="uniform"` runs it on the rules alone (the ablation). In place only,
+  with `rules=True` and one attempt; `views` average the model over symmetric copies as in the sampler.
 
 Row i's randomness is fold_in(key(seed), i), so a puzzle's answer does not depend on the batch it is in; the last
 batch is padded with inactive rows so that every batch has one compiled shape.
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +44,7 @@ from hackable_diffusion import builders
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.sampling import generate as gen_lib
 from hackable_diffusion.sampling.canvas import DiffusionSampler, denoise_canvas, row_keys
+from hackable_diffusion.tasks.sudoku import search as search_lib
 from hackable_diffusion.tasks.sudoku.grids import conflicting_cells
 from hackable_diffusion.tasks.sudoku.layouts import layout_of
 from hackable_diffusion.tasks.sudoku.rules import SudokuRules
@@ -65,6 +70,12 @@ class SolverSettings:
     restart_gumbel_scale: float = 0.0  # 0: restarts rank as the first attempt does
     pass_budget: int = 0  # 0: no cap
     fix_givens: bool = True  # canvas layout: hold the givens in the canvas too (infilling)
+    search: bool = False  # True: search.py's model-steered depth-first search instead of the sampler
+    search_sure_margin: float = 0.99  # search: blanks whose top-probability margin reaches this are committed
+    search_branch: str = "confident"  # search: the cell to branch on, search.BRANCH_RULES
+    search_scores: str = "model"  # search: "uniform" steers by the rules alone (search.SCORES)
+    search_doubt_below: float = 0.0  # search: backtrack when a blank's allowed digits hold less probability than this
+    search_cells_per_branch: int = 1  # search: blanks decided by a branch pass (the first alternative: the cell alone)
 
     def __post_init__(self):
         if self.parallel_attempts < 1:
@@ -81,6 +92,32 @@ class SolverSettings:
                 f"config.solver.restarts={self.restarts}, repair_rounds={self.repair_rounds} and "
                 f"pass_budget={self.pass_budget} must be >= 0."
             )
+        if self.search:
+            from hackable_diffusion.tasks.sudoku.search import BRANCH_RULES, SCORES
+
+            if self.search_branch not in BRANCH_RULES or self.search_scores not in SCORES:
+                raise ValueError(
+                    f"config.solver.search_branch={self.search_branch!r} must be one of {BRANCH_RULES} and "
+                    f"search_scores={self.search_scores!r} one of {SCORES}."
+                )
+            if not 0.0 < self.search_sure_margin <= 1.0:
+                raise ValueError(f"config.solver.search_sure_margin={self.search_sure_margin} must lie in (0, 1].")
+            if self.search_cells_per_branch < 1:
+                raise ValueError(f"config.solver.search_cells_per_branch={self.search_cells_per_branch} must be >= 1.")
+            if not 0.0 <= self.search_doubt_below < 1.0:
+                raise ValueError(
+                    f"config.solver.search_doubt_below={self.search_doubt_below} must lie in [0, 1) (0: off)."
+                )
+            if not self.rules or self.pass_budget < 1:
+                raise ValueError(
+                    "config.solver.search=True backtracks on the rules within a pass budget: set "
+                    "config.solver.rules=True and config.solver.pass_budget to the most forward passes per puzzle."
+                )
+            if self.parallel_attempts > 1 or self.repair_rounds or self.restarts:
+                raise ValueError(
+                    "config.solver.search=True revises cells by backtracking; it does not combine with "
+                    "parallel_attempts, repair_rounds or restarts (set them to 1, 0, 0)."
+                )
         if self.restart_gumbel_scale < 0:
             raise ValueError(f"config.solver.restart_gumbel_scale={self.restart_gumbel_scale} must be >= 0 (0: none).")
         if self.restarts and self.restart_temperature <= 0:
@@ -108,6 +145,10 @@ class SolverSettings:
             raise ValueError(
                 f"config.solver.views relabels the canvas but not a prompt; it needs the in-place layout, not {layout!r}."
             )
+        if self.search and layout != "in_place":
+            raise ValueError(f"config.solver.search decides cells in place; the {layout!r} layout has no such model.")
+        if self.search:
+            return 1  # a pass at a time, within pass_budget
         if self.repair_rounds and layout == "ar":
             raise ValueError(
                 "config.solver.repair_rounds re-decodes cells in place; the AR layout has no such sampler."
@@ -154,13 +195,15 @@ class SudokuSolution:
     """predictions: (n, 81) grids; steps: denoising steps (forward passes) each puzzle used; seconds: wall time of
     the solving calls after one compile/warm-up batch; batch_forward_passes: model calls over all batches;
     network_passes: each puzzle's passes summed over its parallel attempts (= steps with one attempt; with more, `steps`
-    is the slowest attempt's, since the attempts run side by side)."""
+    is the slowest attempt's, since the attempts run side by side); search: the search's outcomes (how many puzzles
+    ended solved / exhausted / out of budget, mean branch points and backtracks), None for the sampler."""
 
     predictions: np.ndarray
     steps: np.ndarray
     seconds: float
     batch_forward_passes: int
     network_passes: np.ndarray
+    search: dict[str, Any] | None = None
 
 
 def solve_puzzles(
@@ -181,6 +224,8 @@ def solve_puzzles(
         raise ValueError(f"puzzles must be a non-empty (n, 81) array, got shape {puzzles.shape}.")
     config = config or exp.config
     settings = SolverSettings.from_config(config)
+    if settings.search:
+        return _solve_by_search(exp, params, puzzles, settings, batch_size=batch_size, config=config)
     if settings.parallel_attempts > 1:
         return _solve_in_parallel_attempts(
             exp, params, puzzles, settings, seed=seed, batch_size=batch_size, config=config
@@ -295,6 +340,46 @@ def _solve(exp, params, puzzles, settings: SolverSettings, *, seed, batch_size, 
         passes += restart_passes
     seconds = time.perf_counter() - start_time
     return SudokuSolution(preds, steps, seconds, passes, network_passes=steps)
+
+
+def _solve_by_search(exp, params, puzzles, settings: SolverSettings, *, batch_size, config) -> SudokuSolution:
+    """search.py's depth-first search, steered by the model (or by the rules alone); deterministic, no key."""
+    settings.check(layout_of(config), config.sampler.num_steps)
+    b = max(1, min(int(batch_size), len(puzzles)))
+    if settings.search_scores == "uniform":
+        probabilities = search_lib.uniform_probabilities
+    else:
+        views = symmetry_views(settings.views, settings.views_seed) if settings.views > 1 else None
+        probabilities = search_lib.ModelProbabilities(exp.model, params, b, views)
+        probabilities.warm_up(puzzles[0])  # compile outside the timed search
+    start_time = time.perf_counter()
+    result = search_lib.search_puzzles(
+        probabilities,
+        puzzles,
+        pass_budget=settings.pass_budget,
+        sure_margin=settings.search_sure_margin,
+        branch=settings.search_branch,
+        doubt_below=settings.search_doubt_below,
+        cells_per_branch=settings.search_cells_per_branch,
+        batch_size=b,
+    )
+    seconds = time.perf_counter() - start_time
+    network = result.passes if settings.search_scores == "model" else np.zeros_like(result.passes)
+    outcomes = {f"search_{name}": int((result.status == name).sum()) for name in ("solved", "exhausted", "budget")}
+    outcomes["search_branch_points_per_puzzle"] = float(result.branches.mean())
+    outcomes["search_backtracks_per_puzzle"] = float(result.backtracks.mean())
+    outcomes["search_doubts_per_puzzle"] = float(result.doubts.mean())
+    outcomes["search_strict_restarts"] = int(result.restarts.sum())
+    # The search does not look at its budget until it runs out, so a smaller budget would have stopped each puzzle's
+    # same trajectory earlier: the fraction solved within B passes is the accuracy at pass_budget = B.
+    solved = result.status == "solved"
+    budgets = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256) if b < settings.pass_budget]
+    outcomes["search_solved_within_passes"] = {
+        str(b): float((solved & (result.passes <= b)).mean()) for b in (*budgets, settings.pass_budget)
+    }
+    return SudokuSolution(
+        result.grids, result.passes, seconds, result.batch_forward_passes, network_passes=network, search=outcomes
+    )
 
 
 def _solve_in_parallel_attempts(exp, params, puzzles, settings: SolverSettings, *, seed, batch_size, config):

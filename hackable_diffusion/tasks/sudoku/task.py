@@ -127,6 +127,7 @@ def evaluate_puzzles(
     out["puzzles_per_second"] = float(len(puzzles) / max(solution.seconds, 1e-9))
     out["solve_seconds"] = solution.seconds
     out["givens_kept"] = bool(respects_givens(solution.predictions, puzzles).all())
+    out.update(solution.search or {})
     return out
 
 

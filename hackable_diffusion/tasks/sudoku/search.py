@@ -47,18 +47,15 @@ from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.sampling.canvas import canvas_logits
 from hackable_diffusion.sampling.views import PermutationViews
-from hackable_diffusion.tasks.sudoku.grids import BOX_INDEX, COL_INDEX, ROW_INDEX
+from hackable_diffusion.tasks.sudoku.grids import conflicting_cells
+from hackable_diffusion.tasks.sudoku.rules import same_unit_matrix
 from hackable_diffusion.tasks.sudoku.vocab import FIRST_DIGIT_ID, MASK_ID
 
 BRANCH_RULES = ("confident", "fewest")
 SCORES = ("model", "uniform")
 
-_SAME_UNIT = (
-    (ROW_INDEX[:, None] == ROW_INDEX[None])
-    | (COL_INDEX[:, None] == COL_INDEX[None])
-    | (BOX_INDEX[:, None] == BOX_INDEX[None])
-) & ~np.eye(81, dtype=bool)
-PEERS: Int[np.ndarray, "81 20"] = np.stack([np.flatnonzero(row) for row in _SAME_UNIT])  # the 20 peers of each cell
+# the 20 peers of each cell, from the rules constraint's own same-unit matrix
+PEERS: Int[np.ndarray, "81 20"] = np.stack([np.flatnonzero(row) for row in np.asarray(same_unit_matrix(9))])
 PEER_SETS = tuple(frozenset(int(c) for c in row) for row in PEERS)
 
 
@@ -72,9 +69,7 @@ def allowed_digits(grids: Int[np.ndarray, "*b 81"]) -> Bool[np.ndarray, "*b 81 9
 
 def dead_end(grid: Int[np.ndarray, "81"]) -> bool:
     """True when the rules already rule `grid` out: a digit repeated among peers, or a blank with no allowed digit."""
-    peer_digits = grid[PEERS]
-    repeated = ((peer_digits == grid[:, None]) & (grid[:, None] != 0)).any()
-    return bool(repeated or ((grid == 0) & ~allowed_digits(grid).any(axis=-1)).any())
+    return bool(conflicting_cells(grid).any() or ((grid == 0) & ~allowed_digits(grid).any(axis=-1)).any())
 
 
 @dataclasses.dataclass

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The rows of results/sudoku/README.md "Search: puzzles that need guessing": one `evaluate --task sudoku` call per row,
 # each JSON line tagged with its row label and appended to results/sudoku/search_rows.jsonl.
-#   bash experiments/sudoku_search_table.sh RUN [ROW ...]     (RUN: a configs/sudoku_looped.py workdir; no ROW: all)
+#   bash experiments/sudoku_search_table.sh RUN [ROW ...]     (RUN: an in-place Sudoku workdir; no ROW: all)
+#   OUT=results/sudoku/search_rows_hard.jsonl bash experiments/sudoku_search_table.sh runs/sudoku_hard ROW ...
 set -euo pipefail
 RUN=${1:?usage: sudoku_search_table.sh RUN [ROW ...]}
 shift
@@ -12,6 +13,7 @@ KAGGLE="--data kaggle3m_curated_5000.csv --subset=1000 --subset_seed=1"
 EASY="--givens=30,36 --num_puzzles=1000 --puzzle_seed=7"
 SAMPLER="--config.sampler.num_steps=12 --config.sampler.selection.also_above=0.99 --config.solver.rules=True"
 SEARCH="--config.solver.rules=True --config.solver.search=True --config.solver.pass_budget=64"
+PACED12="--config.solver.rules=True --config.solver.search=True --config.solver.pass_budget=12 --config.solver.search_paced=True"
 declare -A ROWS=(
   [sampler_h1]="$H1 $SAMPLER"
   [sampler_h2]="$H2 $SAMPLER"
@@ -28,9 +30,14 @@ declare -A ROWS=(
   [cells5_h1]="$H1 $SEARCH --config.solver.search_cells_per_branch=5"
   [cells5_h2]="$H2 $SEARCH --config.solver.search_cells_per_branch=5"
   [fewest_h1]="$H1 $SEARCH --config.solver.search_branch=fewest"
+  [paced12_h1]="$H1 $PACED12"
+  [paced12_h2]="$H2 $PACED12"
+  [paced12_kaggle]="$KAGGLE $PACED12"
+  [paced12_easy]="$EASY $PACED12"
 )
 ORDER=(search_h1 search_h2 sampler_h1 sampler_h2 rules_only_h1 rules_only_h2 search_easy search128_easy sampler_easy
-  search_kaggle sampler_kaggle rules_only_kaggle cells5_h1 cells5_h2 fewest_h1)
+  search_kaggle sampler_kaggle rules_only_kaggle cells5_h1 cells5_h2 fewest_h1 paced12_h1 paced12_h2 paced12_kaggle
+  paced12_easy)
 for row in "${@:-${ORDER[@]}}"; do
   args=${ROWS[$row]:?unknown row $row; rows: ${ORDER[*]}}
   command="python -m hackable_diffusion.evaluate --task sudoku --workdir $RUN $args"

@@ -2,6 +2,7 @@
 
   python _parse_script_flags.py SCRIPT '[["--flag", "v"], ["--other"]]'
   HD_CHECK_FLAGS=1 python _parse_script_flags.py -m hackable_diffusion.train '[["--config", "configs/x.py"]]'
+  HD_CHECK_FLAGS=1 python _parse_script_flags.py --batch '[[["-m", "hackable_diffusion.train"], ["--config", "x"]]]'
 
 Each command line runs the script as `__main__` until its argparse parser has parsed it (`parse_args` or `parse_known_args`) (then the next one starts;
 heavy imports are paid once), or until absl has parsed its flags (`app.run`: the main function is replaced by one that
@@ -72,10 +73,14 @@ def parse_one(script: str, args: list[str], module: bool = False) -> str | None:
 
 
 def main() -> None:
-    module = sys.argv[1] == "-m"
-    script, commands = sys.argv[1 + module], json.loads(sys.argv[2 + module])
+    if sys.argv[1] == "--batch":  # [[["-m", MODULE] | [SCRIPT], [args...]], ...]: many scripts, one interpreter
+        jobs = [(target[-1], args, target[0] == "-m") for target, args in json.loads(sys.argv[2])]
+    else:
+        module = sys.argv[1] == "-m"
+        script = sys.argv[1 + module]
+        jobs = [(script, args, module) for args in json.loads(sys.argv[2 + module])]
     results = []
-    for args in commands:
+    for script, args, module in jobs:
         try:
             results.append(parse_one(script, args, module))
         except Exception as err:  # e.g. absl flags defined twice when a script defines flags at import

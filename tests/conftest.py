@@ -7,6 +7,7 @@ import io
 import os
 import pathlib
 import shutil
+import tempfile
 
 import pytest
 
@@ -15,9 +16,23 @@ import pytest
 # ran in 914 s on two xdist workers of a 2-core CPU, against 1,377 s at the default level.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache per test run, shared by the xdist workers and every subprocess they start (the
+# entry-point, notebook and multi-process tests compile the same tiny programs the in-process tests compile). The
+# controller makes it fresh, so a run never reuses a previous run's programs, and removes it at the end.
+_OWN_CACHE = "PYTEST_XDIST_WORKER" not in os.environ and "HD_TEST_COMPILATION_CACHE" not in os.environ
+if _OWN_CACHE:
+    os.environ["HD_TEST_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="hd-test-jax-cache-")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["HD_TEST_COMPILATION_CACHE"])
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import _hypothesis_profiles  # noqa: E402,F401  (registers and loads the `ci` / `thorough` profiles)
 from _tiny_configs import TRAIN_OUTPUT  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(os.environ["HD_TEST_COMPILATION_CACHE"], ignore_errors=True)
 
 
 def pytest_configure(config):
@@ -26,44 +41,54 @@ def pytest_configure(config):
     )
 
 
-def _train_shared_runs(root: pathlib.Path) -> None:
+def _shared_run_config(name: str):
     from _tiny_configs import tiny_text_config
 
-    from hackable_diffusion import train
+    if name == "uniform":  # DiffusionGemma's recipe, MoE; checkpoints at 3 and 6
+        config = tiny_text_config("uniform", steps=6)
+        config.eval.num_samples = 1  # the eval samples then share the end-of-run sample's compiled programs
+        return config
+    config = tiny_text_config(name, steps=2, moe=False)  # "masking", or "none": the autoregressive baseline
+    config.train.eval_every = 0
+    config.train.checkpoint_every = 2
+    return config
 
-    runs = {
-        "uniform": tiny_text_config("uniform", steps=6),  # DiffusionGemma's recipe, MoE; checkpoints at 3 and 6
-        "masking": tiny_text_config("masking", steps=2, moe=False),
-        "none": tiny_text_config("none", steps=2, moe=False),  # the autoregressive baseline
-    }
-    runs["uniform"].eval.num_samples = 1  # the eval samples then share the end-of-run sample's compiled programs
-    for name in ("masking", "none"):
-        runs[name].train.eval_every = 0
-        runs[name].train.checkpoint_every = 2
-    for name, config in runs.items():
-        workdir = root / name
-        output = io.StringIO()
-        with contextlib.redirect_stdout(output):
-            train.run(config, str(workdir))
-        (workdir / TRAIN_OUTPUT).write_text(output.getvalue())
-    (root / "done").touch()
+
+class SharedTextRuns:
+    """{"uniform", "masking", "none"} -> a tiny trained text run directory. A run is trained the first time a test
+    asks for it, once per test run, and shared by the xdist workers: the first worker trains it under that run's own
+    file lock, the others wait for that run only and reuse it."""
+
+    NAMES = ("uniform", "masking", "none")
+
+    def __init__(self, root: pathlib.Path):
+        self.root = root
+
+    def __getitem__(self, name: str) -> pathlib.Path:
+        from hackable_diffusion import train
+
+        if name not in self.NAMES:
+            raise KeyError(f"no shared run {name!r}; runs: {self.NAMES}")
+        workdir, done = self.root / name, self.root / f"{name}.done"
+        with open(self.root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not done.exists():
+                    shutil.rmtree(workdir, ignore_errors=True)  # a partial run of a worker that died
+                    output = io.StringIO()
+                    with contextlib.redirect_stdout(output):
+                        train.run(_shared_run_config(name), str(workdir))
+                    (workdir / TRAIN_OUTPUT).write_text(output.getvalue())
+                    done.touch()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        return workdir
 
 
 @pytest.fixture(scope="session")
 def trained_text_runs(tmp_path_factory, worker_id):
-    """{"uniform", "masking", "none"} -> a tiny trained text run directory, trained once per test run and shared by
-    the xdist workers (the first one trains under a file lock, the others wait and reuse it). Read only: a test that
-    writes into a run copies it first (`shutil.copytree`)."""
+    """`SharedTextRuns`: read only; a test that writes into a run copies it first (`shutil.copytree`)."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if worker_id != "master" else base) / "shared_text_runs"
     root.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / "shared_text_runs.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not (root / "done").exists():
-                for partial in root.iterdir():
-                    shutil.rmtree(partial, ignore_errors=True)
-                _train_shared_runs(root)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return {name: root / name for name in ("uniform", "masking", "none")}
+    return SharedTextRuns(root)

@@ -63,8 +63,8 @@ def quoted_commands(path: pathlib.Path) -> list[list[str]]:
 
 def check_commands(commands: list[list[str]]) -> list[str | None]:
     """Per command: None when its module/script exists and its flags parse, else what is wrong. The command lines of
-    one entry point or experiment script are parsed in one process (`_parse_script_flags.py`); entry points run with
-    HD_CHECK_FLAGS=1 (parse and check, then exit)."""
+    all entry points and experiment scripts are parsed in one process (`_parse_script_flags.py --batch`), grouped by
+    script; entry points run with HD_CHECK_FLAGS=1 (parse and check, then exit)."""
     env = dict(os.environ, HD_CHECK_FLAGS="1", JAX_PLATFORMS="cpu")
     problems: list[str | None] = [None] * len(commands)
     by_script: dict[tuple[str, ...], list[int]] = {}  # ("-m", module) or (script,) -> command rows
@@ -79,16 +79,17 @@ def check_commands(commands: list[list[str]]) -> list[str | None]:
             problems[i] = f"no script {argv[1]}"
         else:
             by_script.setdefault((str(REPO / argv[1]),), []).append(i)
-    for script, rows in by_script.items():
-        driver = REPO / "tests" / "_parse_script_flags.py"
-        skip = 3 if script[0] == "-m" else 2  # python -m MODULE args... | python SCRIPT args...
-        batch = json.dumps([commands[i][skip:] for i in rows])
-        out = subprocess.run(
-            [sys.executable, str(driver), *script, batch], cwd=REPO, env=env, capture_output=True, text=True
-        )
-        results = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else [out.stderr] * len(rows)
-        for i, result in zip(rows, results):
-            problems[i] = result
+    # One interpreter for every command line, grouped by script: the imports (jax above all) are paid once.
+    rows = [i for script_rows in by_script.values() for i in script_rows]
+    targets = {i: list(script) for script, script_rows in by_script.items() for i in script_rows}
+    batch = json.dumps([[targets[i], commands[i][3 if targets[i][0] == "-m" else 2 :]] for i in rows])
+    driver = REPO / "tests" / "_parse_script_flags.py"
+    out = subprocess.run(
+        [sys.executable, str(driver), "--batch", batch], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    results = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else [out.stderr] * len(rows)
+    for i, result in zip(rows, results):
+        problems[i] = result
     return problems
 
 

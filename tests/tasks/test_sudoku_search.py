@@ -297,3 +297,30 @@ def test_a_run_saved_before_the_search_keys_gains_them_at_their_defaults(tmp_pat
     upgrade_saved_config(config)
     assert config.solver.search is False and config.solver.search_branch == "confident"
     assert config.solver.rules is True  # saved values stay
+
+
+def _leaning(grid, solution):
+    """The true digit on top everywhere, but never by the sure margin: only single-digit blanks are sure."""
+    p = np.full((81, 9), 0.7 / 8)
+    p[np.arange(81), solution - 1] = 0.3
+    return p
+
+
+def test_a_paced_search_decides_enough_cells_per_pass_to_finish_within_its_budget(hard):
+    puzzles, solutions = hard
+    plain = search.search_puzzles(_Counting(puzzles, solutions, _leaning), puzzles, pass_budget=8, batch_size=8)
+    assert (plain.status == "budget").all()  # one guess (plus naked singles) per pass cannot fill ~57 blanks in 8
+    probs = _Counting(puzzles, solutions, _leaning)
+    paced = search.search_puzzles(probs, puzzles, pass_budget=8, paced=True, batch_size=8)
+    assert (paced.status == "solved").all() and (paced.passes <= 8).all()
+    np.testing.assert_array_equal(paced.grids, solutions)
+    assert sum(probs.calls) == paced.passes.sum()
+    # one pass of a fresh search decides at least ceil(blanks / budget) cells, and cells_per_branch is then ignored
+    for budget in (3, 8, 20):
+        state = search.PuzzleSearch(puzzles[0].copy())
+        blanks = int((state.grid == 0).sum())
+        probs = _leaning(state.grid, solutions[0])
+        state.step(probs, sure_margin=0.99, branch="confident", paced_budget=budget, cells_per_branch=50)
+        decided = blanks - int((state.grid == 0).sum())
+        assert -(-blanks // budget) <= decided < min(blanks, 50)
+        assert state.passes == 1 and state.branches == 1 and state.status == "open"

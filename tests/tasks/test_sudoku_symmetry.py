@@ -104,3 +104,35 @@ def test_grid_symmetries_map_solutions_to_solutions_and_back():
     assert respects_givens(copies[:, 0], copies[:, 1]).all()  # a copy's solution solves the copied puzzle
     back = group.restore(copies)
     np.testing.assert_array_equal(back, np.broadcast_to(np.concatenate([solution, puzzle]), back.shape))
+
+
+def test_symmetry_augmentation_keeps_solutions_and_their_givens_and_restores_its_state():
+    from hackable_diffusion.tasks.sudoku import data as sudoku_data
+    from hackable_diffusion.tasks.sudoku.vocab import SudokuVocab
+
+    data = _grids(n=8, seed=9)
+    vocab = SudokuVocab()
+    tokens, fixed = vocab.encode(data["solutions"]), data["puzzles"] != 0
+    plain = sudoku_data.make_train_iterator(tokens, fixed, 4, seed=3)
+    augmented = sudoku_data.make_train_iterator(tokens, fixed, 4, seed=3, augment_symmetry=True)
+    offset = FIRST_DIGIT_ID - 1
+    state = augmented.get_state()
+    batches = []
+    for _ in range(5):  # crosses an epoch boundary (8 rows / 4)
+        source, batch = next(plain), next(augmented)
+        batches.append(batch)
+        assert not (batch["tokens"] == source["tokens"]).all(axis=1).any()  # every row moved
+        grids = batch["tokens"] - offset
+        assert is_valid_solution(grids).all()
+        puzzles = np.where(batch["fixed"], grids, 0)
+        np.testing.assert_array_equal(batch["fixed"].sum(1), source["fixed"].sum(1))  # same number of givens
+        for puzzle, solution in zip(puzzles, grids):  # the moved givens still have one solution: the moved grid
+            found = solve(puzzle.astype(np.int8), max_solutions=2).solutions
+            assert len(found) == 1 and (found[0] == solution).all()
+    augmented.set_state(state)
+    for batch in batches:  # draws depend on the seed and the position, so a resumed run sees the same rows
+        again = next(augmented)
+        np.testing.assert_array_equal(again["tokens"], batch["tokens"])
+        np.testing.assert_array_equal(again["fixed"], batch["fixed"])
+    other = next(sudoku_data.make_train_iterator(tokens, fixed, 4, seed=3, augment_symmetry=True))
+    np.testing.assert_array_equal(other["tokens"], batches[0]["tokens"])  # deterministic in the seed

@@ -17,6 +17,7 @@ from jaxtyping import Bool, Int
 from hackable_diffusion.data import text as text_lib
 from hackable_diffusion.tasks.sudoku import csv_io, generator, solver
 from hackable_diffusion.tasks.sudoku.layouts import layout_of
+from hackable_diffusion.tasks.sudoku.symmetry import RandomSymmetry
 from hackable_diffusion.tasks.sudoku.vocab import SudokuVocab
 
 HELD_OUT_SEED_OFFSET = 1_000_003  # the held-out set's generator seed = the training seed + this
@@ -103,8 +104,10 @@ def make_train_iterator(
     seed: int,
     process_index: int = 0,
     process_count: int = 1,
+    augment_symmetry: bool = False,
 ):
-    """`data.text.make_train_iterator` over (tokens, fixed) rows: shuffled, repeated, checkpointable (grain)."""
+    """`data.text.make_train_iterator` over (tokens, fixed) rows: shuffled, repeated, checkpointable (grain);
+    `augment_symmetry` maps every row by its own random element of the Sudoku group (`symmetry.RandomSymmetry`)."""
     import grain
 
     tokens, fixed = np.asarray(tokens), np.asarray(fixed)
@@ -113,6 +116,10 @@ def make_train_iterator(
     rows = np.concatenate([tokens.astype(np.int32), fixed.astype(np.int32)], axis=1)
     dataset = text_lib.make_train_dataset(rows, batch_size, seed, process_index, process_count)
     dataset = dataset.map(_SplitTokensAndFixed(tokens.shape[1]))
+    if augment_symmetry:
+        if tokens.shape[1] != 81:
+            raise ValueError(f"augment_symmetry needs rows of the 81 cells, got length {tokens.shape[1]}.")
+        dataset = dataset.random_map(RandomSymmetry(), seed=seed + process_index)
     return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
 
 

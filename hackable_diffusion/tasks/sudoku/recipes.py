@@ -114,6 +114,7 @@ def sudoku_config(
     c.data.givens_min, c.data.givens_max = givens
     c.data.unique = True
     c.data.noise_givens = False  # in place only: True noises all 81 cells of the solution (givens too) in training
+    c.data.augment_symmetry = False  # True: every training row mapped by a random Sudoku symmetry (symmetry.py)
     c.data.generator_seed = 0
     c.data.cache_dir = ""  # "" = $HACKABLE_DIFFUSION_CACHE or ~/.cache/hackable_diffusion
     c.diffusion.process = {"in_place": "masking", "canvas": process, "ar": "none"}[layout]

@@ -10,7 +10,8 @@ puzzle keeps a grid and a stack of branch points, and every forward pass of the 
 * **a branch**: when no blank is sure, one blank is decided by its top digit and the remaining allowed digits are
   pushed, most probable first, as the alternatives of that branch point (with `cells_per_branch` = k > 1 every pass
   commits its sure cells and branches too, the k - 1 next most confident blanks are decided with the branch cell, and
-  the first alternative is the branch cell alone: the pace of a k-cells-per-step sampler, with backtracking). `branch="confident"` picks the blank with the
+  the first alternative is the branch cell alone: the pace of a k-cells-per-step sampler, with backtracking; a
+  `paced` search sets k every pass to what the budget still needs: ceil(blanks / passes left) minus the sure cells). `branch="confident"` picks the blank with the
   highest top probability (the guess most likely right), `branch="fewest"` the one with the fewest allowed digits
   (ties: the most confident), as exact solvers do.
 
@@ -165,6 +166,7 @@ class PuzzleSearch:
         branch: str,
         doubt_below: float = 0.0,
         cells_per_branch: int = 1,
+        paced_budget: int = 0,
     ) -> None:
         """One forward pass's decisions from `probs` (each cell's distribution over the digits 1..9): commit the sure
         cells or else branch on one cell, then settle.
@@ -173,7 +175,9 @@ class PuzzleSearch:
         the next k - 1 most confident blanks (skipping any whose digit a chosen peer takes); its first alternative is
         the branch cell's top digit alone, then its other digits. `doubt_below` > 0: when some blank has less than
         that probability on all the digits the rules allow it, the model doubts the grid and the search backtracks as
-        from a dead end (while a branch point is left to revise)."""
+        from a dead end (while a branch point is left to revise). `paced_budget` = B > 0: the pass decides at least
+        ceil(blanks / passes left of B) cells, the sure ones first and the rest as a branch with bulk cells, so that
+        the search keeps the pace that fills the grid within B passes (`cells_per_branch` is then ignored)."""
         if self.strict:
             sure_margin, doubt_below = np.inf, 0.0  # sure: single-digit blanks only
         allowed, p, total = self._restricted(probs)
@@ -189,9 +193,16 @@ class PuzzleSearch:
         best = np.argmax(p, axis=-1) + 1
         self.passes += 1
         sure = blank & ((margin >= sure_margin) | (allowed.sum(-1) == 1))
+        if paced_budget:
+            passes_left = max(paced_budget - self.passes + 1, 1)  # this pass included
+            pace = -(-int(blank.sum()) // passes_left)
+            cells_per_branch = max(pace - int(sure.sum()), 1)
+            bulk_after_sure = pace > int(sure.sum())
+        else:
+            bulk_after_sure = cells_per_branch > 1
         if sure.any():
             self.grid = np.where(sure, best, self.grid).astype(self.grid.dtype)
-            if cells_per_branch == 1 or dead_end(self.grid) or not (self.grid == 0).any():
+            if not bulk_after_sure or dead_end(self.grid) or not (self.grid == 0).any():
                 self.settle()
                 return
             # k > 1: a branch in the same pass, from the same probabilities over what the sure cells left allowed
@@ -313,9 +324,12 @@ def search_puzzles(
     branch: str = "confident",
     doubt_below: float = 0.0,
     cells_per_branch: int = 1,
+    paced: bool = False,
     batch_size: int = 256,
 ) -> SearchResult:
-    """Runs the search (module docstring) on every puzzle, all open puzzles advancing one forward pass per round."""
+    """Runs the search (module docstring) on every puzzle, all open puzzles advancing one forward pass per round.
+    `paced`: every pass decides at least ceil(blanks / passes left of `pass_budget`) cells (`PuzzleSearch.step`), so
+    the trajectory depends on the budget."""
     if branch not in BRANCH_RULES:
         raise ValueError(f"branch={branch!r} must be one of {BRANCH_RULES}.")
     if pass_budget < 1:
@@ -346,6 +360,7 @@ def search_puzzles(
                 branch=branch,
                 doubt_below=doubt_below,
                 cells_per_branch=cells_per_branch,
+                paced_budget=pass_budget if paced else 0,
             )
     for state in states:
         if state.status == "open":

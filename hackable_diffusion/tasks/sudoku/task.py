@@ -57,6 +57,7 @@ class SudokuTask:
             exp.config.seed,
             process_index=process_index,
             process_count=process_count,
+            augment_symmetry=bool(exp.config.data.get("augment_symmetry", False)),
         )
 
     def eval_fn(self, exp: Experiment, workdir: str):

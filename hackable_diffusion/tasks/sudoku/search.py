@@ -10,20 +10,22 @@ puzzle keeps a grid and a stack of branch points, and every forward pass of the 
 * **a branch**: when no blank is sure, one blank is decided by its top digit and the remaining allowed digits are
   pushed, most probable first, as the alternatives of that branch point (with `cells_per_branch` = k > 1 every pass
   commits its sure cells and branches too, the k - 1 next most confident blanks are decided with the branch cell, and
-  the first alternative is the branch cell alone: the pace of a k-cells-per-step sampler, with backtracking; a
-  `paced` search sets k every pass to what the budget still needs: ceil(blanks / passes left) minus the sure cells). `branch="confident"` picks the blank with the
-  highest top probability (the guess most likely right), `branch="fewest"` the one with the fewest allowed digits
-  (ties: the most confident), as exact solvers do.
+  the first alternative is the branch cell alone: the pace of a k-cells-per-step sampler, with backtracking; a `paced`
+  search sets k every pass to what the budget still needs: ceil(blanks / passes left) minus the sure cells).
+  `branch="confident"` picks the blank with the highest top probability (the guess most likely right), `branch="fewest"`
+  the one with the fewest allowed digits (ties: the most confident), as exact solvers do.
 
-After the commits, the host checks the grid against the rules: a digit repeated in a row, column or box, or a blank
-with no allowed digit, is a dead end, and the search backtracks to the latest branch point and decides its cell by the
-next alternative, undoing every commit made since (the revision that a masking sampler lacks); this costs no forward
-pass. A sure commit made before the first branch point has no branch point to return to: when such a search runs out
-of alternatives it starts again from the puzzle, strictly (only single-digit blanks are sure, no doubt), which makes
-every decision revisable, so only a puzzle without a solution ends "exhausted". With `doubt_below` > 0 the model can start a backtrack too: when some blank has less than that much probability
-on all the digits the rules still allow it, the grid is treated as a dead end (the pass is counted; ReMDM-style
-revision driven by the model's own confidence). A puzzle ends solved (complete and rule-abiding), exhausted (no solution) or out of budget (`pass_budget` forward passes); an unfinished puzzle reports the grid it
-was at, blanks as 0. Every forward pass of a puzzle counts, the passes of branches later abandoned included.
+After the commits, the host checks the grid against the rules: a digit repeated in a row, column or box, or a blank with
+no allowed digit, is a dead end, and the search backtracks to the latest branch point and decides its cell by the next
+alternative, undoing every commit made since (the revision that a masking sampler lacks); this costs no forward pass. A
+sure commit made before the first branch point has no branch point to return to: when such a search runs out of
+alternatives it starts again from the puzzle, strictly (only single-digit blanks are sure, no doubt), which makes every
+decision revisable, so only a puzzle without a solution ends "exhausted". With `doubt_below` > 0 the model can start a
+backtrack too: when some blank has less than that much probability on all the digits the rules still allow it, the grid
+is treated as a dead end (the pass is counted; ReMDM-style revision driven by the model's own confidence). A puzzle ends
+solved (complete and rule-abiding), exhausted (no solution) or out of budget (`pass_budget` forward passes); an
+unfinished puzzle reports the grid it was at, blanks as 0. Every forward pass of a puzzle counts, the passes of branches
+later abandoned included.
 
 `scores="uniform"` replaces the network by a uniform distribution over the allowed digits: the same search steered by
 the rules alone (sure cells are then the naked singles and "confident" branching is fewest-candidates), the ablation
@@ -71,6 +73,11 @@ def allowed_digits(grids: Int[np.ndarray, "*b 81"]) -> Bool[np.ndarray, "*b 81 9
 def dead_end(grid: Int[np.ndarray, "81"]) -> bool:
     """True when the rules already rule `grid` out: a digit repeated among peers, or a blank with no allowed digit."""
     return bool(conflicting_cells(grid).any() or ((grid == 0) & ~allowed_digits(grid).any(axis=-1)).any())
+
+
+def _top_two_and_best(p: Float[np.ndarray, "81 9"]) -> tuple[Float[np.ndarray, "81 2"], Int[np.ndarray, " 81"]]:
+    """Each cell's two largest probabilities (descending) and its most probable digit (1..9)."""
+    return -np.sort(-p, axis=-1)[:, :2], np.argmax(p, axis=-1) + 1
 
 
 @dataclasses.dataclass
@@ -188,9 +195,8 @@ class PuzzleSearch:
             self.backtrack(doubted=True)
             self.settle()
             return
-        top2 = -np.sort(-p, axis=-1)[:, :2]
+        top2, best = _top_two_and_best(p)
         margin = np.where(blank, top2[:, 0] - top2[:, 1], -1.0)
-        best = np.argmax(p, axis=-1) + 1
         self.passes += 1
         sure = blank & ((margin >= sure_margin) | (allowed.sum(-1) == 1))
         if paced_budget:
@@ -208,8 +214,7 @@ class PuzzleSearch:
             # k > 1: a branch in the same pass, from the same probabilities over what the sure cells left allowed
             allowed, p, _ = self._restricted(probs)
             blank = allowed.any(axis=-1)
-            top2 = -np.sort(-p, axis=-1)[:, :2]
-            best = np.argmax(p, axis=-1) + 1
+            top2, best = _top_two_and_best(p)
         if branch == "confident":
             cell = int(np.argmax(np.where(blank, top2[:, 0], -1.0)))
         else:
@@ -340,7 +345,8 @@ def search_puzzles(
         raise ValueError(f"doubt_below={doubt_below} must lie in [0, 1) (0: backtrack on the rules alone).")
     if not 0.0 < sure_margin <= 1.0:
         raise ValueError(
-            f"sure_margin={sure_margin} must lie in (0, 1] (1: only cells the model is certain of, or with one allowed digit)."
+            f"sure_margin={sure_margin} must lie in (0, 1] "
+            "(1: only cells the model is certain of, or with one allowed digit)."
         )
     puzzles = np.asarray(puzzles).astype(np.int8)
     states = [PuzzleSearch(p.copy()) for p in puzzles]

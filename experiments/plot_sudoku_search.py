@@ -5,8 +5,9 @@
 
 `--rows FILE:LABEL` once per model (the first drawn solid, the next dash-dotted). A search row holds
 `search_solved_within_passes` (the accuracy at every budget up to its own: the search never looks at its budget before
-running out), drawn as a curve; a sampler row and a paced search row are one point at their mean passes. Prints one
-JSON line with the accuracy of each row at 12 and 64 passes.
+running out), drawn as a curve; a sampler row and a paced search row are one point at their mean passes (squares:
+parallel attempts, whose network evaluations are K times more). Prints one JSON line with the accuracy of each row at
+12 and 64 passes.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def main() -> None:
             else:
                 passes = row["forward_passes_per_puzzle"]
                 marker, what = ("o", "paced search") if curve else ("x" if not index else "+", "sampler")
+                attempts = row.get("solver", {}).get("parallel_attempts", 1)
+                if attempts > 1:
+                    marker, what = ("s" if curve else "D"), f"{what}, {attempts} attempts"
                 ax.plot(
                     [passes],
                     [100 * row["accuracy"]],
@@ -70,7 +74,11 @@ def main() -> None:
                     fillstyle="none",
                     label=f"{prefix}{what}: {SETS[name]}",
                 )
-                summary[key] = {"accuracy": 100 * row["accuracy"], "mean_passes": passes}
+                summary[key] = {
+                    "accuracy": 100 * row["accuracy"],
+                    "mean_passes": passes,
+                    "network_evaluations": row.get("network_evaluations_per_puzzle", passes),
+                }
     ax.set_xscale("log", base=2)
     ax.set_xlabel("forward passes per puzzle (budget; sampler and paced search: mean)")
     ax.set_ylabel("exact grids (%)")

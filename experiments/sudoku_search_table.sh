@@ -34,10 +34,20 @@ declare -A ROWS=(
   [paced12_h2]="$H2 $PACED12"
   [paced12_kaggle]="$KAGGLE $PACED12"
   [paced12_easy]="$EASY $PACED12"
+  [attempts4_h1]="$H1 $SEARCH --config.solver.parallel_attempts=4"
+  [attempts4_h2]="$H2 $SEARCH --config.solver.parallel_attempts=4"
+  [attempts4_kaggle]="$KAGGLE $SEARCH --config.solver.parallel_attempts=4"
+  [attempts4_easy]="$EASY $SEARCH --config.solver.parallel_attempts=4"
+  [paced12_attempts4_h1]="$H1 $PACED12 --config.solver.parallel_attempts=4"
+  [paced12_attempts4_h2]="$H2 $PACED12 --config.solver.parallel_attempts=4"
+  [paced12_attempts4_kaggle]="$KAGGLE $PACED12 --config.solver.parallel_attempts=4"
+  [paced12_attempts4_easy]="$EASY $PACED12 --config.solver.parallel_attempts=4"
+  [paced12_attempts8_kaggle]="$KAGGLE $PACED12 --config.solver.parallel_attempts=8"
 )
 ORDER=(search_h1 search_h2 sampler_h1 sampler_h2 rules_only_h1 rules_only_h2 search_easy search128_easy sampler_easy
   search_kaggle sampler_kaggle rules_only_kaggle cells5_h1 cells5_h2 fewest_h1 paced12_h1 paced12_h2 paced12_kaggle
-  paced12_easy)
+  paced12_easy attempts4_h1 attempts4_h2 attempts4_kaggle attempts4_easy paced12_attempts4_h1 paced12_attempts4_h2
+  paced12_attempts4_kaggle paced12_attempts4_easy paced12_attempts8_kaggle)
 for row in "${@:-${ORDER[@]}}"; do
   args=${ROWS[$row]:?unknown row $row; rows: ${ORDER[*]}}
   command="python -m hackable_diffusion.evaluate --task sudoku --workdir $RUN $args"

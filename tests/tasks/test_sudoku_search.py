@@ -13,7 +13,7 @@ from hackable_diffusion import cli, experiment
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.sampling.canvas import canvas_logits
-from hackable_diffusion.tasks.sudoku import generator, search
+from hackable_diffusion.tasks.sudoku import generator, search, symmetry
 from hackable_diffusion.tasks.sudoku import grids as grid_lib
 from hackable_diffusion.tasks.sudoku.solve import SolverSettings, solve_puzzles
 from hackable_diffusion.tasks.sudoku.vocab import FIRST_DIGIT_ID
@@ -214,7 +214,23 @@ def test_search_through_the_solver_with_a_model(tmp_path, hard):
         exp, params, puzzles, config=cli.override(exp.config, {**settings, "solver.search_scores": "uniform"})
     )
     assert (uniform.network_passes == 0).all()
-    for bad in ({"solver.rules": False}, {"solver.pass_budget": 0}, {"solver.parallel_attempts": 2}):
+    # parallel attempts: symmetric copies searched side by side, each solved grid mapped back to the puzzle's cells
+    rules_only = {**settings, "solver.search_scores": "uniform", "solver.search_branch": "fewest"}
+    runs = {}
+    for attempts in (1, 3):
+        overrides = {**rules_only, "solver.pass_budget": 1000, "solver.parallel_attempts": attempts}
+        out = runs[attempts] = solve_puzzles(exp, params, puzzles, config=cli.override(exp.config, overrides))
+        solved = (out.predictions != 0).all(axis=-1)
+        assert out.search["search_solved"] == solved.sum() >= len(puzzles) - 2
+        np.testing.assert_array_equal(out.predictions[solved], solutions[solved])  # in the puzzle's own cells
+    alone, joint = runs[1].steps, runs[3].steps
+    assert (joint <= alone).all() and (joint < alone).any()  # copy 0 is the lone search; the first to solve ends it
+    with_model = solve_puzzles(
+        exp, params, puzzles, batch_size=8, config=cli.override(exp.config, {**settings, "solver.parallel_attempts": 2})
+    )
+    assert (with_model.network_passes >= with_model.steps).all() and (with_model.network_passes <= 12).all()
+    assert grid_lib.respects_givens(with_model.predictions, puzzles).all()
+    for bad in ({"solver.rules": False}, {"solver.pass_budget": 0}, {"solver.repair_rounds": 1}):
         with pytest.raises(ValueError, match="search"):
             SolverSettings.from_config(cli.override(exp.config, {**settings, **bad}))
 
@@ -324,3 +340,21 @@ def test_a_paced_search_decides_enough_cells_per_pass_to_finish_within_its_budge
         decided = blanks - int((state.grid == 0).sum())
         assert -(-blanks // budget) <= decided < min(blanks, 50)
         assert state.passes == 1 and state.branches == 1 and state.status == "open"
+
+
+def test_parallel_attempts_stop_when_one_solves_and_otherwise_follow_their_own_search(hard):
+    puzzles, _ = hard
+    copies = np.asarray(symmetry.grid_symmetries(3).to_views(jnp.asarray(puzzles))).astype(np.int8)  # row k*n + i
+    n, budget = len(puzzles), 60
+    alone = search.search_puzzles(_hashed, copies, pass_budget=budget, sure_margin=1.0, batch_size=8)
+    joint = search.search_puzzles(_hashed, copies, pass_budget=budget, sure_margin=1.0, attempts=3, batch_size=8)
+    first_solve = np.where(alone.status == "solved", alone.passes, budget + 1).reshape(3, n).min(axis=0)
+    stop = np.tile(first_solve, 3)  # the round at which the puzzle of each row was first solved
+    np.testing.assert_array_equal(joint.passes, np.minimum(alone.passes, stop))
+    kept = alone.passes <= stop  # rows that ended on their own before (or as) a copy solved the puzzle
+    np.testing.assert_array_equal(joint.status[kept], alone.status[kept])
+    np.testing.assert_array_equal(joint.grids[kept], alone.grids[kept])
+    assert (joint.status[~kept] == "stopped").all() and (~kept).any() and kept.any()
+    assert (first_solve <= budget).any() and (first_solve > budget).any()  # solved and unsolved puzzles both covered
+    with pytest.raises(ValueError, match="attempts"):
+        search.search_puzzles(_hashed, copies[:7], pass_budget=4, attempts=3)

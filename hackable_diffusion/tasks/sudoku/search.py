@@ -306,9 +306,9 @@ def uniform_probabilities(grids: Int[np.ndarray, "n 81"]) -> Float[np.ndarray, "
 @dataclasses.dataclass(frozen=True)
 class SearchResult:
     """grids: (n, 81) final grids (0 = undecided); passes: forward passes per puzzle; status: per puzzle "solved",
-    "exhausted" or "budget"; branches / backtracks: branch points pushed and alternatives taken per puzzle; doubts:
-    backtracks the model's doubt started; restarts: strict restarts after a wrong sure commit;
-    batch_forward_passes: batched network calls over the whole run."""
+    "exhausted", "budget" or "stopped" (another attempt at the same puzzle solved it first); branches / backtracks:
+    branch points pushed and alternatives taken per puzzle; doubts: backtracks the model's doubt started; restarts:
+    strict restarts after a wrong sure commit; batch_forward_passes: batched network calls over the whole run."""
 
     grids: np.ndarray
     passes: np.ndarray
@@ -330,11 +330,14 @@ def search_puzzles(
     doubt_below: float = 0.0,
     cells_per_branch: int = 1,
     paced: bool = False,
+    attempts: int = 1,
     batch_size: int = 256,
 ) -> SearchResult:
     """Runs the search (module docstring) on every puzzle, all open puzzles advancing one forward pass per round.
     `paced`: every pass decides at least ceil(blanks / passes left of `pass_budget`) cells (`PuzzleSearch.step`), so
-    the trajectory depends on the budget."""
+    the trajectory depends on the budget. `attempts` = K > 1: the rows are K attempts at n = rows / K puzzles,
+    attempt-major (row k * n + i is attempt k at puzzle i, e.g. symmetric copies); when one attempt solves its puzzle,
+    the puzzle's other open attempts stop there (status "stopped"), so no pass is spent on a solved puzzle."""
     if branch not in BRANCH_RULES:
         raise ValueError(f"branch={branch!r} must be one of {BRANCH_RULES}.")
     if pass_budget < 1:
@@ -348,12 +351,19 @@ def search_puzzles(
             f"sure_margin={sure_margin} must lie in (0, 1] "
             "(1: only cells the model is certain of, or with one allowed digit)."
         )
+    if attempts < 1 or len(puzzles) % attempts:
+        raise ValueError(f"attempts={attempts} must be >= 1 and divide the {len(puzzles)} rows (attempt-major).")
     puzzles = np.asarray(puzzles).astype(np.int8)
     states = [PuzzleSearch(p.copy()) for p in puzzles]
     for state in states:
         state.settle()  # a puzzle given complete, or broken from the start
+    n = len(states) // attempts
+    siblings = [range(i % n, len(states), n) for i in range(len(states))]
     batch_calls = 0
     while True:
+        for i, state in enumerate(states):
+            if state.status == "open" and any(states[j].status == "solved" for j in siblings[i]):
+                state.status = "stopped"
         open_rows = [i for i, s in enumerate(states) if s.status == "open" and s.passes < pass_budget]
         if not open_rows:
             break

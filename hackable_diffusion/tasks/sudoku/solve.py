@@ -22,7 +22,9 @@ empty KV cache; canvas layout, `generate` after the puzzle's prompt; AR layout, 
 * `search=True` replaces the sampler by the model-steered depth-first search of `search.py` (sure cells at margin
   `search_sure_margin`, a branch point at `search_branch`'s cell when none is sure, backtracking on a rule violation)
   within `pass_budget` passes; `search_scores="uniform"` runs it on the rules alone (the ablation). In place only,
-  with `rules=True` and one attempt; `views` average the model over symmetric copies as in the sampler.
+  with `rules=True`; `views` average the model over symmetric copies as in the sampler. With `parallel_attempts` = K
+  the K symmetric copies are K searches side by side: a puzzle is solved by the first copy that solves it (its
+  passes: that copy's, the searches run in lockstep; network evaluations: all copies' passes until then).
 
 Row i's randomness is fold_in(key(seed), i), so a puzzle's answer does not depend on the batch it is in; the last
 batch is padded with inactive rows so that every batch has one compiled shape.
@@ -114,10 +116,10 @@ class SolverSettings:
                     "config.solver.search=True backtracks on the rules within a pass budget: set "
                     "config.solver.rules=True and config.solver.pass_budget to the most forward passes per puzzle."
                 )
-            if self.parallel_attempts > 1 or self.repair_rounds or self.restarts:
+            if self.repair_rounds or self.restarts:
                 raise ValueError(
                     "config.solver.search=True revises cells by backtracking; it does not combine with "
-                    "parallel_attempts, repair_rounds or restarts (set them to 1, 0, 0)."
+                    "repair_rounds or restarts (set them to 0)."
                 )
         if self.restart_gumbel_scale < 0:
             raise ValueError(f"config.solver.restart_gumbel_scale={self.restart_gumbel_scale} must be >= 0 (0: none).")
@@ -346,7 +348,10 @@ def _solve(exp, params, puzzles, settings: SolverSettings, *, seed, batch_size, 
 def _solve_by_search(exp, params, puzzles, settings: SolverSettings, *, batch_size, config) -> SudokuSolution:
     """search.py's depth-first search, steered by the model (or by the rules alone); deterministic, no key."""
     settings.check(layout_of(config), config.sampler.num_steps)
-    b = max(1, min(int(batch_size), len(puzzles)))
+    attempts, n = settings.parallel_attempts, len(puzzles)
+    group = grid_symmetries(attempts)
+    copies = np.asarray(group.to_views(jnp.asarray(puzzles))).astype(puzzles.dtype)  # copy k of puzzle i: row k*n + i
+    b = max(1, min(int(batch_size), len(copies)))
     if settings.search_scores == "uniform":
         probabilities = search_lib.uniform_probabilities
     else:
@@ -356,34 +361,42 @@ def _solve_by_search(exp, params, puzzles, settings: SolverSettings, *, batch_si
     start_time = time.perf_counter()
     result = search_lib.search_puzzles(
         probabilities,
-        puzzles,
+        copies,
         pass_budget=settings.pass_budget,
         sure_margin=settings.search_sure_margin,
         branch=settings.search_branch,
         doubt_below=settings.search_doubt_below,
         cells_per_branch=settings.search_cells_per_branch,
         paced=settings.search_paced,
+        attempts=attempts,
         batch_size=b,
     )
     seconds = time.perf_counter() - start_time
-    network = result.passes if settings.search_scores == "model" else np.zeros_like(result.passes)
-    outcomes = {f"search_{name}": int((result.status == name).sum()) for name in ("solved", "exhausted", "budget")}
-    outcomes["search_branch_points_per_puzzle"] = float(result.branches.mean())
-    outcomes["search_backtracks_per_puzzle"] = float(result.backtracks.mean())
-    outcomes["search_doubts_per_puzzle"] = float(result.doubts.mean())
+    status, passes = result.status.reshape(attempts, n), result.passes.reshape(attempts, n)
+    # the copy that solved the puzzle in the fewest passes (copy 0 when none did)
+    chosen = np.argmin(np.where(status == "solved", passes, np.iinfo(np.int32).max), axis=0)
+    rows = np.arange(n)
+    grids = group.restore(result.grids.reshape(attempts, n, 81))[chosen, rows]
+    network = passes.sum(axis=0) if settings.search_scores == "model" else np.zeros(n, passes.dtype)
+    puzzle_status = np.where(
+        (status == "solved").any(axis=0), "solved", np.where((status == "budget").any(axis=0), "budget", "exhausted")
+    )
+    outcomes = {f"search_{name}": int((puzzle_status == name).sum()) for name in ("solved", "exhausted", "budget")}
+    outcomes["search_branch_points_per_puzzle"] = float(result.branches.reshape(attempts, n).sum(axis=0).mean())
+    outcomes["search_backtracks_per_puzzle"] = float(result.backtracks.reshape(attempts, n).sum(axis=0).mean())
+    outcomes["search_doubts_per_puzzle"] = float(result.doubts.reshape(attempts, n).sum(axis=0).mean())
     outcomes["search_strict_restarts"] = int(result.restarts.sum())
+    passes = np.where(puzzle_status == "solved", passes[chosen, rows], passes.max(axis=0))
     # Unpaced, the search does not look at its budget until it runs out, so a smaller budget would have stopped each
     # puzzle's same trajectory earlier: the fraction solved within B passes is the accuracy at pass_budget = B. A paced
     # search keeps the pace of its own budget, so only that budget's accuracy is reported.
-    solved = result.status == "solved"
+    solved = puzzle_status == "solved"
     budgets = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256) if b < settings.pass_budget]
     budgets = [] if settings.search_paced else budgets
     outcomes["search_solved_within_passes"] = {
-        str(b): float((solved & (result.passes <= b)).mean()) for b in (*budgets, settings.pass_budget)
+        str(b): float((solved & (passes <= b)).mean()) for b in (*budgets, settings.pass_budget)
     }
-    return SudokuSolution(
-        result.grids, result.passes, seconds, result.batch_forward_passes, network_passes=network, search=outcomes
-    )
+    return SudokuSolution(grids, passes, seconds, result.batch_forward_passes, network_passes=network, search=outcomes)
 
 
 def _solve_in_parallel_attempts(exp, params, puzzles, settings: SolverSettings, *, seed, batch_size, config):

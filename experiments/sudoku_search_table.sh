@@ -14,6 +14,7 @@ EASY="--givens=30,36 --num_puzzles=1000 --puzzle_seed=7"
 SAMPLER="--config.sampler.num_steps=12 --config.sampler.selection.also_above=0.99 --config.solver.rules=True"
 SEARCH="--config.solver.rules=True --config.solver.search=True --config.solver.pass_budget=64"
 PACED12="--config.solver.rules=True --config.solver.search=True --config.solver.pass_budget=12 --config.solver.search_paced=True"
+PACED16="--config.solver.rules=True --config.solver.search=True --config.solver.pass_budget=16 --config.solver.search_paced=True"
 declare -A ROWS=(
   [sampler_h1]="$H1 $SAMPLER"
   [sampler_h2]="$H2 $SAMPLER"
@@ -43,11 +44,15 @@ declare -A ROWS=(
   [paced12_attempts4_kaggle]="$KAGGLE $PACED12 --config.solver.parallel_attempts=4"
   [paced12_attempts4_easy]="$EASY $PACED12 --config.solver.parallel_attempts=4"
   [paced12_attempts8_kaggle]="$KAGGLE $PACED12 --config.solver.parallel_attempts=8"
+  [paced16_attempts4_kaggle]="$KAGGLE $PACED16 --config.solver.parallel_attempts=4"
+  [paced16_attempts4_h1]="$H1 $PACED16 --config.solver.parallel_attempts=4"
+  [paced16_attempts4_easy]="$EASY $PACED16 --config.solver.parallel_attempts=4"
 )
 ORDER=(search_h1 search_h2 sampler_h1 sampler_h2 rules_only_h1 rules_only_h2 search_easy search128_easy sampler_easy
   search_kaggle sampler_kaggle rules_only_kaggle cells5_h1 cells5_h2 fewest_h1 paced12_h1 paced12_h2 paced12_kaggle
   paced12_easy attempts4_h1 attempts4_h2 attempts4_kaggle attempts4_easy paced12_attempts4_h1 paced12_attempts4_h2
-  paced12_attempts4_kaggle paced12_attempts4_easy paced12_attempts8_kaggle)
+  paced12_attempts4_kaggle paced12_attempts4_easy paced12_attempts8_kaggle paced16_attempts4_kaggle paced16_attempts4_h1
+  paced16_attempts4_easy)
 for row in "${@:-${ORDER[@]}}"; do
   args=${ROWS[$row]:?unknown row $row; rows: ${ORDER[*]}}
   command="python -m hackable_diffusion.evaluate --task sudoku --workdir $RUN $args"

@@ -25,7 +25,8 @@ backtrack too: when some blank has less than that much probability on all the di
 is treated as a dead end (the pass is counted; ReMDM-style revision driven by the model's own confidence). A puzzle ends
 solved (complete and rule-abiding), exhausted (no solution) or out of budget (`pass_budget` forward passes); an
 unfinished puzzle reports the grid it was at, blanks as 0. Every forward pass of a puzzle counts, the passes of branches
-later abandoned included.
+later abandoned included. With `attempts` = K the rows are K copies of each puzzle (the solver passes symmetric
+images): all advance in lockstep and the first copy that solves a puzzle stops the others.
 
 `scores="uniform"` replaces the network by a uniform distribution over the allowed digits: the same search steered by
 the rules alone (sure cells are then the naked singles and "confident" branching is fewest-candidates), the ablation

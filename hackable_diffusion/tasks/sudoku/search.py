@@ -358,12 +358,12 @@ def search_puzzles(
     states = [PuzzleSearch(p.copy()) for p in puzzles]
     for state in states:
         state.settle()  # a puzzle given complete, or broken from the start
-    n = len(states) // attempts
-    siblings = [range(i % n, len(states), n) for i in range(len(states))]
+    n = len(states) // attempts  # row i is an attempt at puzzle i % n
     batch_calls = 0
     while True:
+        solved_puzzles = {i % n for i, s in enumerate(states) if s.status == "solved"}
         for i, state in enumerate(states):
-            if state.status == "open" and any(states[j].status == "solved" for j in siblings[i]):
+            if state.status == "open" and i % n in solved_puzzles:
                 state.status = "stopped"
         open_rows = [i for i, s in enumerate(states) if s.status == "open" and s.passes < pass_budget]
         if not open_rows:

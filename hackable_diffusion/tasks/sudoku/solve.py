@@ -345,12 +345,17 @@ def _solve(exp, params, puzzles, settings: SolverSettings, *, seed, batch_size, 
     return SudokuSolution(preds, steps, seconds, passes, network_passes=steps)
 
 
+def _symmetric_copies(puzzles: Int[np.ndarray, "n 81"], attempts: int):
+    """(the group, its (attempts x n, 81) images of the puzzles): copy k of puzzle i is row k*n + i, copy 0 the puzzle."""
+    group = grid_symmetries(attempts)
+    return group, np.asarray(group.to_views(jnp.asarray(puzzles))).astype(puzzles.dtype)
+
+
 def _solve_by_search(exp, params, puzzles, settings: SolverSettings, *, batch_size, config) -> SudokuSolution:
     """search.py's depth-first search, steered by the model (or by the rules alone); deterministic, no key."""
     settings.check(layout_of(config), config.sampler.num_steps)
     attempts, n = settings.parallel_attempts, len(puzzles)
-    group = grid_symmetries(attempts)
-    copies = np.asarray(group.to_views(jnp.asarray(puzzles))).astype(puzzles.dtype)  # copy k of puzzle i: row k*n + i
+    group, copies = _symmetric_copies(puzzles, attempts)
     b = max(1, min(int(batch_size), len(copies)))
     if settings.search_scores == "uniform":
         probabilities = search_lib.uniform_probabilities
@@ -402,8 +407,7 @@ def _solve_by_search(exp, params, puzzles, settings: SolverSettings, *, batch_si
 def _solve_in_parallel_attempts(exp, params, puzzles, settings: SolverSettings, *, seed, batch_size, config):
     """K symmetric copies of every puzzle, solved side by side (see the module docstring)."""
     attempts, n = settings.parallel_attempts, len(puzzles)
-    group = grid_symmetries(attempts)
-    copies = np.asarray(group.to_views(jnp.asarray(puzzles))).astype(puzzles.dtype)  # copy k of puzzle i: row k*n + i
+    group, copies = _symmetric_copies(puzzles, attempts)
     one = dataclasses.replace(settings, parallel_attempts=1)
     inner = _solve(exp, params, copies, one, seed=seed, batch_size=batch_size, config=config)
     grids = group.restore(inner.predictions.reshape(attempts, n, 81))

@@ -11,6 +11,7 @@ import re
 import sys
 
 import pytest
+from _xla_flags import with_device_count
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -29,7 +30,7 @@ def kernel_env(out_dir: pathlib.Path) -> dict[str, str]:
         MPLBACKEND="module://matplotlib_inline.backend_inline",
     )  # plots inline even if MPLBACKEND=Agg
     # conftest.py simulates 8 CPU devices for the mesh tests; the notebook runs as a user would, on one device.
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")).strip()
+    flags = with_device_count(env.get("XLA_FLAGS", ""), None)
     if flags:
         env["XLA_FLAGS"] = flags
     else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import time
 import _toy_train_worker as toy
 import jax
 import pytest
+from _xla_flags import with_device_count
 
 from hackable_diffusion.training import distributed, loop, metrics, sharding
 from hackable_diffusion.training.train_state import TrainState
@@ -33,10 +33,8 @@ def _mesh(data=1, fsdp=1, expert=1, tensor=1, devices=None):
 
 def _worker_env(num_devices, cache_dir):
     env = dict(os.environ)
-    # The suite's other XLA flags (tests/conftest.py: the fast-compiling CPU settings) stay; the device count changes.
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", "")).split()
-    flags.append(f"--xla_force_host_platform_device_count={num_devices}")
-    env.update(XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    flags = with_device_count(env.get("XLA_FLAGS", ""), num_devices)
+    env.update(XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     # A persistent compilation cache shared by the workers of one test: restarted runs skip recompiling.
     env.update(
         JAX_COMPILATION_CACHE_DIR=str(cache_dir),

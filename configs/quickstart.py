@@ -2,7 +2,7 @@
 
   python -m hackable_diffusion.train --config configs/quickstart.py --workdir runs/quickstart
 
-A 1.5M-parameter Gemma-4-style MoE model; canvases of 32 characters, each denoised bidirectionally against the causal
+A 1.37M-parameter Gemma-4-style MoE model; canvases of 32 characters, each denoised bidirectionally against the causal
 encoder's KV cache of the clean canvases before it (BD3-LM / DiffusionGemma structure); MD4/MDLM ELBO; sampled with
 the entropy-bound rule (EB-Sampler / DiffusionGemma), canvas after canvas.
 

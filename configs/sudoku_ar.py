@@ -1,7 +1,7 @@
 """Sudoku left to right: the backbone of configs/sudoku.py made causal over [puzzle; solution].
 
   python -m hackable_diffusion.train --config configs/sudoku_ar.py --workdir runs/sudoku_ar
-  python -m hackable_diffusion.evaluate --task sudoku --workdir runs/sudoku_ar --givens=30,36 --num_puzzles=1000 --puzzle_seed=7
+  python -m hackable_diffusion.evaluate --workdir runs/sudoku_ar --givens=30,36 --num_puzzles=1000 --puzzle_seed=7
 
 Next-token CE on the 81 solution cells; solving prefills the puzzle and decodes the cells greedily with the KV cache
 (Ye et al. 2024's autoregressive baseline). Equal wall time with the in-place recipe (rows are 162 tokens): it solves

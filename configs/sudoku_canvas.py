@@ -1,7 +1,7 @@
 """Sudoku as DiffusionGemma lays it out: the puzzle is a causal prompt, the solution one 81-cell canvas.
 
   python -m hackable_diffusion.train --config configs/sudoku_canvas.py --workdir runs/sudoku_canvas
-  python -m hackable_diffusion.evaluate --task sudoku --workdir runs/sudoku_canvas --givens=30,36 --num_puzzles=1000 --puzzle_seed=7
+  python -m hackable_diffusion.evaluate --workdir runs/sudoku_canvas --givens=30,36 --num_puzzles=1000 --puzzle_seed=7
 
 The backbone of configs/sudoku.py; the encoder pass over [puzzle; solution] fills the KV cache and the decoder
 denoises the solution canvas against it; masking noise with the masked CE (uniform noise with DiffusionGemma's canvas

@@ -1,7 +1,7 @@
 """Sudoku for puzzles that need search: configs/sudoku_looped.py trained on harder puzzles under the symmetry group.
 
   python -m hackable_diffusion.train --config configs/sudoku_hard.py --workdir runs/sudoku_hard
-  python -m hackable_diffusion.evaluate --task sudoku --workdir runs/sudoku_hard --givens=17,25 --num_puzzles=600 \
+  python -m hackable_diffusion.evaluate --workdir runs/sudoku_hard --givens=17,25 --num_puzzles=600 \
       --puzzle_seed=17 --solver_class=search --config.solver.rules=True --config.solver.search=True \
       --config.solver.pass_budget=12 --config.solver.search_paced=True --config.solver.parallel_attempts=4
 

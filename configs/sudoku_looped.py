@@ -1,7 +1,7 @@
 """Sudoku in place with looped depth: configs/sudoku.py with its 6 layers applied twice per pass, same weights.
 
   python -m hackable_diffusion.train --config configs/sudoku_looped.py --workdir runs/sudoku_loop2
-  python -m hackable_diffusion.evaluate --task sudoku --workdir runs/sudoku_loop2 --givens=30,36 \
+  python -m hackable_diffusion.evaluate --workdir runs/sudoku_loop2 --givens=30,36 \
       --num_puzzles=1000 --puzzle_seed=7 --config.sampler.num_steps=12 --config.sampler.selection.also_above=0.99 \
       --config.solver.rules=True --config.solver.parallel_attempts=8
 

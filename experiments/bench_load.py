@@ -3,7 +3,7 @@
   python experiments/bench_load.py [--gb 2] [--devices 8] [--dir /tmp/hd_bench_ckpt]
 
 Writes a random DiffusionGemma-layout checkpoint of about `--gb` GB with the toolbox's own exporter
-(`hf_convert.save_hf`, bf16 weights), then loads it in a fresh process per path, on `--devices` simulated CPU devices:
+(`hf_ckpt.save_hf`, bf16 weights), then loads it in a fresh process per path, on `--devices` simulated CPU devices:
 
 - `naive`: every tensor read into host numpy (`load_hf` without a mesh), then placed on the mesh with `device_put`;
   host memory holds the model in numpy and again in the device buffers.
@@ -58,22 +58,23 @@ def write_checkpoint(directory: pathlib.Path, gb: float) -> int:
     import jax
     import numpy as np
 
-    from hackable_diffusion.models import gemma_convert, hf_convert
+    from hackable_diffusion.checkpoints import gemma as gemma_ckpt
+    from hackable_diffusion.checkpoints import hf as hf_ckpt
     from hackable_diffusion.models.config import TransformerConfig
 
     cfg = TransformerConfig.from_dict(model_shape(gb))
     rng = np.random.default_rng(0)
     import ml_dtypes
 
-    params = gemma_convert.unflatten_tree(
+    params = gemma_ckpt.unflatten_tree(
         {
             path: (rng.standard_normal(s.shape, np.float32) * 0.02).astype(ml_dtypes.bfloat16)
-            for path, s in gemma_convert.toolbox_shapes(cfg).items()
+            for path, s in gemma_ckpt.toolbox_shapes(cfg).items()
         }
     )
-    hf_convert.save_hf(directory, cfg, params, canvas_length=256, max_shard_bytes=10**9)
+    hf_ckpt.save_hf(directory, cfg, params, canvas_length=256, max_shard_bytes=10**9)
     del params, jax
-    return hf_convert.checkpoint_bytes(directory)
+    return hf_ckpt.checkpoint_bytes(directory)
 
 
 def _status(field: str) -> int:
@@ -89,7 +90,9 @@ def measure(path: str, directory: str, devices: int) -> dict:
     import jax
     import numpy as np
 
-    from hackable_diffusion.models import gemma_convert, hf_convert, partitioning
+    from hackable_diffusion.checkpoints import gemma as gemma_ckpt
+    from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.models import partitioning
     from hackable_diffusion.training import sharding
 
     mesh = jax.sharding.Mesh(
@@ -99,19 +102,19 @@ def measure(path: str, directory: str, devices: int) -> dict:
     before = _status("VmRSS")
     start = time.perf_counter()
     if path == "naive":
-        checkpoint = hf_convert.load_hf(directory)
+        checkpoint = hf_ckpt.load_hf(directory)
         shardings = sharding.param_shardings(checkpoint.params, partitioning.logical_axes, mesh)
         params = jax.device_put(checkpoint.params, shardings)
     else:
-        params = hf_convert.load_hf(directory, mesh=mesh).params
+        params = hf_ckpt.load_hf(directory, mesh=mesh).params
     jax.block_until_ready(params)
     seconds = time.perf_counter() - start
     peak, after = _status("VmHWM"), _status("VmRSS")
-    leaves = gemma_convert.flatten_tree(params)
+    leaves = gemma_ckpt.flatten_tree(params)
     on_devices = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in leaves.values())
     # what the devices hold: more than the parameters where a leaf is replicated (norms, or a dim no mesh axis divides)
     device_bytes = sum(shard.data.nbytes for x in leaves.values() for shard in x.addressable_shards)
-    size = hf_convert.checkpoint_bytes(directory)
+    size = hf_ckpt.checkpoint_bytes(directory)
     return {
         "benchmark": "bench_load",
         "path": path,
@@ -120,7 +123,7 @@ def measure(path: str, directory: str, devices: int) -> dict:
         "param_bytes": on_devices,
         "rss_before_bytes": before,
         "peak_rss_bytes": peak,
-        "rss_after_over_checkpoint": round((after - before) / hf_convert.checkpoint_bytes(directory), 3),
+        "rss_after_over_checkpoint": round((after - before) / hf_ckpt.checkpoint_bytes(directory), 3),
         "peak_rss_over_checkpoint": round((peak - before) / size, 3),
         "device_bytes": device_bytes,
         "peak_rss_over_device_bytes": round((peak - before) / device_bytes, 3),
@@ -140,9 +143,9 @@ def main() -> None:
         print(json.dumps(measure(args.measure, args.dir, args.devices)))
         return
     directory = pathlib.Path(args.dir)
-    from hackable_diffusion.models import hf_convert
+    from hackable_diffusion.checkpoints import hf as hf_ckpt
 
-    if not hf_convert.is_hf_directory(directory):
+    if not hf_ckpt.is_hf_directory(directory):
         write_checkpoint(directory, args.gb)
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices}", JAX_PLATFORMS="cpu")
     for path in ("naive", "sharded"):

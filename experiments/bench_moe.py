@@ -1,6 +1,7 @@
 """Benchmark: MoE dispatches vs a dense gated-GELU FFN with the same active parameters (CPU, forward + backward).
 
-Setup (issue acceptance): T=4096 tokens (b=4, l=1024), d=512, 8 experts, top-2, expert hidden 1024, float32.
+Setup (the one ``meets_target`` is defined for): T=4096 tokens (b=4, l=1024), d=512, 8 experts, top-2, expert hidden
+1024, float32.
 The reference is a dense gated-GELU FFN with hidden top_k * 1024 = 2048 (the same active parameters per token).
 Each variant is ``jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))`` of a mean-squared-error loss with respect to
 the input and all parameters. After warm-up, repetitions are interleaved (one call of each variant per round)

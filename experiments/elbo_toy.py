@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hackable_diffusion.diffusion.enumerable_toy import run
+from enumerable_toy import run
 
 
 def main():

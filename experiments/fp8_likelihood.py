@@ -22,13 +22,13 @@ def main() -> None:
     args = parser.parse_args()
 
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion import pretrained
+    from hackable_diffusion.checkpoints import toolbox
     from hackable_diffusion.models import quantize as Q
     from hackable_diffusion.tasks.text import evaluate_likelihood
 
     for workdir in args.workdirs.split(","):
         exp = exp_lib.from_workdir(workdir)
-        params, step = pretrained.load_params(exp, workdir)
+        params, step = toolbox.load_params(exp, workdir)
         values, scales = Q.quantize_fp8(params)
         fp8 = Q.dequantize(values, scales, jnp.float32)
         full = evaluate_likelihood(exp, params, num_batches=args.num_batches, seed=args.seed)

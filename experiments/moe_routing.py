@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from hackable_diffusion.noise_level_analysis import routing_at_levels
+from hackable_diffusion import run_config
+from noise_level_analysis import routing_at_levels
 
 
 def main():
@@ -35,11 +36,12 @@ def main():
     )
     args = parser.parse_args()
 
-    from hackable_diffusion import cli, pretrained
+    from hackable_diffusion import cli
     from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.checkpoints import toolbox
 
     cli.quiet_library_logs()
-    config = cli.load_saved_config(args.workdir)
+    config = run_config.load_saved_config(args.workdir)
     if config.model.get("moe") is None:
         raise SystemExit(f"{args.workdir} has no MoE layers (config model.moe is None); nothing to measure.")
     if args.capacity_factor < 0:
@@ -47,7 +49,7 @@ def main():
     if args.capacity_factor:
         config.model.moe.capacity_factor = args.capacity_factor
     exp = exp_lib.build(config, args.workdir)
-    params, step = pretrained.load_params(exp, args.workdir)
+    params, step = toolbox.load_params(exp, args.workdir)
     levels = [float(x) for x in args.levels.split(",")]
     try:
         records = routing_at_levels(exp, params, levels, args.batches, args.seed)

@@ -143,11 +143,11 @@ def main():
 
     if args.workdir:
         from hackable_diffusion import experiment as exp_lib
-        from hackable_diffusion import pretrained
+        from hackable_diffusion.checkpoints import toolbox
 
         exp = exp_lib.from_workdir(args.workdir)
         model = exp.model
-        params, _ = pretrained.load_params(exp, args.workdir)
+        params, _ = toolbox.load_params(exp, args.workdir)
         source = args.workdir
     elif args.throughput_size:
         import throughput  # experiments/throughput.py, beside this script

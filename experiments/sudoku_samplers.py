@@ -140,7 +140,7 @@ def score(exp, params, data, config, batch_size=250) -> dict:
 
 
 def speed(exp, params, puzzles, config, batch: int, count: int) -> float:
-    from hackable_diffusion.tasks.sudoku.solve import solve_puzzles
+    from hackable_diffusion.tasks.sudoku.inference import solve_puzzles
 
     solution = solve_puzzles(exp, params, puzzles[:count], batch_size=batch, config=config)
     return len(puzzles[:count]) / solution.seconds
@@ -224,12 +224,12 @@ def main():
     args = parser.parse_args()
 
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion import pretrained
+    from hackable_diffusion.checkpoints import toolbox
     from hackable_diffusion.tasks.sudoku.data import GeneratedPuzzles, PuzzleFile
 
     cli.quiet_library_logs()
     exp = exp_lib.from_workdir(args.workdir)
-    params, step = pretrained.load_params(exp, args.workdir)
+    params, step = toolbox.load_params(exp, args.workdir)
     if args.merge:  # check before hours of solving that the rows will belong to the stored table
         check_merge(pathlib.Path(args.out) / "samplers.json", args, step)
     puzzle_sets = {
@@ -286,7 +286,7 @@ def main():
     ar_row, ar = None, None
     if args.ar_workdir and pathlib.Path(args.ar_workdir).exists() and not args.merge:
         ar = exp_lib.from_workdir(args.ar_workdir)
-        ar_params, ar_step = pretrained.load_params(ar, args.ar_workdir)
+        ar_params, ar_step = toolbox.load_params(ar, args.ar_workdir)
         ar_row = {
             "model": "autoregressive",
             "sampler": "greedy, left to right",
@@ -321,7 +321,7 @@ def main():
     if ar is not None:
         puzzles = sets["a_30_36"]["puzzles"]
         # the best <= 12-pass setting, and the fewest-pass setting whose accuracy on (a) is still >= the AR model's
-        # (the "at equal or better accuracy")
+        # (the speed comparison "at equal or better accuracy")
         timed = [best]
         as_good = [r for r in rows if r["a_30_36"]["accuracy"] >= ar_row["a_30_36"]["accuracy"]]
         if as_good:

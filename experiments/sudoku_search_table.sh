@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The rows of results/sudoku/README.md "Search: puzzles that need guessing": one `evaluate --task sudoku` call per row,
+# The rows of results/sudoku/README.md "Search: puzzles that need guessing": one `evaluate` call per row,
 # each JSON line tagged with its row label and appended to results/sudoku/search_rows.jsonl.
 #   bash experiments/sudoku_search_table.sh RUN [ROW ...]     (RUN: an in-place Sudoku workdir; no ROW: all)
 #   OUT=results/sudoku/search_rows_hard.jsonl bash experiments/sudoku_search_table.sh runs/sudoku_hard ROW ...
@@ -55,9 +55,9 @@ ORDER=(search_h1 search_h2 sampler_h1 sampler_h2 rules_only_h1 rules_only_h2 sea
   paced16_attempts4_easy)
 for row in "${@:-${ORDER[@]}}"; do
   args=${ROWS[$row]:?unknown row $row; rows: ${ORDER[*]}}
-  command="python -m hackable_diffusion.evaluate --task sudoku --workdir $RUN $args"
+  command="python -m hackable_diffusion.evaluate --workdir $RUN $args"
   echo "$row: $command" >&2
-  line=$(python -m hackable_diffusion.evaluate --task sudoku --workdir "$RUN" $args | tail -1)
+  line=$(python -m hackable_diffusion.evaluate --workdir "$RUN" $args | tail -1)
   python - "$row" "$command" "$line" >> "$OUT" <<'PY'
 import json, sys
 row, command, line = sys.argv[1:]

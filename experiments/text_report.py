@@ -105,14 +105,14 @@ def main():
     parser.add_argument("--merge", action="store_true", help="keep the other runs of an existing report.json")
     args = parser.parse_args()
 
-    from hackable_diffusion import cli
+    from hackable_diffusion import cli, recipes
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion import pretrained, recipes
+    from hackable_diffusion.checkpoints import toolbox
     from hackable_diffusion.training import metrics
 
     cli.quiet_library_logs()
     ar = exp_lib.from_workdir(args.ar)
-    ar_params, _ = pretrained.load_params(ar, args.ar)
+    ar_params, _ = toolbox.load_params(ar, args.ar)
     report = {
         "command": cli.argparse_command("experiments/text_report.py", args),
         "runs": {},
@@ -123,7 +123,7 @@ def main():
         report["merged"] = "rows merged into an earlier report of the other runs"
     for workdir in [w for w in args.runs.split(",") if w]:
         exp = exp_lib.from_workdir(workdir)
-        params, step = pretrained.load_params(exp, workdir)
+        params, step = toolbox.load_params(exp, workdir)
         name = pathlib.Path(workdir).name
         row = {
             "workdir": workdir,

@@ -125,8 +125,9 @@ def measure_trained(args, repeats: int) -> float:
     """The trained small models: the diffusion run's own sampler (entropy bound, annealed temperature, early
     stopping, its trained canvas length) vs AR decoding of the AR run (its own temperature); tokens/s side by side, and the
     generative perplexity of both decoders' text under the AR run. Returns the diffusion run's mean steps/canvas."""
-    from hackable_diffusion import builders, cli, pretrained
+    from hackable_diffusion import builders, cli
     from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.checkpoints import toolbox
     from hackable_diffusion.data.tokenizers import BOS_ID, NEVER_GENERATED
     from hackable_diffusion.tasks import text
 
@@ -138,8 +139,8 @@ def measure_trained(args, repeats: int) -> float:
         raise SystemExit("--diffusion_workdir must be a diffusion run and --ar_workdir an autoregressive run.")
     if dif.model.cfg.replace(self_conditioning=False) != ar.model.cfg.replace(self_conditioning=False):
         print("warning: the two runs have different backbone shapes", flush=True)
-    dif_params, dif_step = pretrained.load_params(dif, args.diffusion_workdir)
-    ar_params, ar_step = pretrained.load_params(ar, args.ar_workdir)
+    dif_params, dif_step = toolbox.load_params(dif, args.diffusion_workdir)
+    ar_params, ar_step = toolbox.load_params(ar, args.ar_workdir)
     dif_model, ar_model = unrolled(dif.model, args), unrolled(ar.model, args)
     sampler = builders.build_sampler(dif.config, dif.process)
     prompt = dif.config.sampler.prompt

@@ -19,6 +19,7 @@ from hackable_diffusion.diffusion import objectives as obj_lib
 from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import make_schedule, make_time_sampler
 from hackable_diffusion.diffusion.training_losses import DiffusionLoss, make_diffusion_loss
+from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.sampling.canvas import DiffusionSampler
@@ -126,6 +127,26 @@ def build_sampler(
         views=views,
     )
     return sampler.replace(**overrides) if overrides else sampler
+
+
+def build_adapter(config: ml_collections.ConfigDict) -> lora_lib.LoRA | None:
+    """The LoRA adapter of `config.lora` (None for full fine-tuning, rank 0); `freeze_router` leaves the router out."""
+    lc = config.lora
+    if lc.rank == 0:
+        return None
+    targets = tuple(lc.targets)
+    if targets == (lora_lib.ALL_LINEAR,):
+        targets = lora_lib.ALL_LINEAR
+    if lc.get("freeze_router", False):
+        if targets == lora_lib.ALL_LINEAR:
+            targets = lora_lib.DEFAULT_TARGETS
+        targets = tuple(t for t in targets if "router" not in t)
+    return lora_lib.LoRA(
+        rank=int(lc.rank),
+        alpha=float(lc.alpha) if lc.alpha else None,
+        targets=targets,
+        include_experts=bool(lc.include_experts),
+    )
 
 
 def optimizer_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

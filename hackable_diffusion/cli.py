@@ -13,7 +13,6 @@ the traceback).
 from __future__ import annotations
 
 import copy
-import datetime
 import difflib
 import importlib.util
 import json
@@ -24,6 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
+from hackable_diffusion import run_config
 from hackable_diffusion.training.workdir_lock import WorkdirLockedError
 
 
@@ -59,38 +59,36 @@ def define_config_file_flag(argv: Sequence[str], help_text: str):
     return config_flags.DEFINE_config_file("config", None, help_text)
 
 
-def resolve_workdir(workdir: str | None) -> str | None:
-    """A run directory for `--workdir`: the directory itself, or for `hf:DIR` (a Hugging Face checkpoint) the run
-    directory that stands for it (`pretrained.hf_run_dir`)."""
-    from hackable_diffusion import pretrained
-
-    if workdir is None or not workdir.startswith(pretrained.HF_PREFIX):
-        return workdir
-    return str(pretrained.hf_run_dir(workdir[len(pretrained.HF_PREFIX) :]))
-
-
-def define_workdir_config_flag(argv: Sequence[str]):
-    """`--config.<path>=value` overrides of the run's saved config (sample, evaluate). Without a `--workdir` holding a
-    config.json (`--help`, a dry parse) the base config (with `--task sudoku`: a Sudoku config) stands in, so the
-    overrides can still be checked."""
+def define_workdir_config_flag(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict | None]:
+    """`--config.<path>=value` overrides of the run's saved config (sample, evaluate). Returns (the config the flag
+    holds, a copy of the saved config before overrides, or None when `--workdir` holds no config.json). Without a run
+    (`--help`, a dry parse) the default config of the first task whose keys take every override stands in (text, then
+    Sudoku), so the overrides can still be checked."""
     from ml_collections import config_flags
 
-    from hackable_diffusion import recipes
+    from hackable_diffusion.checkpoints.hf_runs import resolve_workdir
+    from hackable_diffusion.tasks import TASKS, get_task
 
     workdir = resolve_workdir(flag_value(argv, "workdir"))
-    has_config = workdir is not None and (pathlib.Path(workdir) / "config.json").is_file()
-    if has_config:
-        config = load_saved_config(workdir)
-    elif flag_value(argv, "task") == "sudoku":  # evaluate --task sudoku: a Sudoku run's sections (config.solver)
-        from hackable_diffusion.tasks.sudoku import recipes as sudoku_recipes
-
-        config = sudoku_recipes.sudoku_config()
+    saved = None
+    if workdir is not None and (pathlib.Path(workdir) / "config.json").is_file():
+        config = run_config.load_saved_config(workdir)
+        saved = copy.deepcopy(config)
+        check_overrides(config, argv)
     else:
-        config = recipes.base_config()
-    check_overrides(config, argv)
-    return config_flags.DEFINE_config_dict(
+        candidates = [get_task(name).default_config() for name in TASKS]
+        for config in candidates:
+            try:
+                check_overrides(config, argv)
+                break
+            except ConfigKeyError:
+                continue
+        else:
+            check_overrides(candidates[0], argv)  # raises, naming the closest keys of the first task's config
+    config_flags.DEFINE_config_dict(
         "config", config, "The run's saved config; override any key with --config.<path>=value."
     )
+    return config, saved
 
 
 def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
@@ -164,20 +162,27 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def flags_help() -> str:
-    """One line per flag of the command (its own and `--config`), defaults shortened."""
+def flags_help(own_modules: Sequence[str], full: bool = False) -> str:
+    """One line per flag, defaults shortened: the command's own flags and `--config` (defined in `own_modules`), or
+    with `full` every flag the imported libraries define too (grain, orbax, jax)."""
     from absl import flags
 
     by_module = flags.FLAGS.flags_by_module_dict()
     lines = []
     for module in sorted(by_module, key=lambda m: m == __name__):  # the command's own flags, then --config
-        if module.startswith("absl."):
+        own = module in own_modules or module.startswith("hackable_diffusion.")  # never the libraries' flags
+        if module.startswith("absl.") or not (full or own):
             continue
         for flag in sorted(by_module[module], key=lambda f: f.name):
             default = repr(flag.default) if not isinstance(flag.default, ml_collections.ConfigDict) else "the config"
             default = default if len(default) <= 40 else default[:37] + "..."
             lines.append(f"  --{flag.name}: {flag.help} (default: {default})")
     return "\n".join(lines)
+
+
+def usage_summary(usage: str, paragraphs: int = 2) -> str:
+    """The first paragraphs of an entry point's docstring (what it does and how it is called) for `--help`."""
+    return "\n\n".join(usage.strip().split("\n\n")[:paragraphs])
 
 
 def run_command(define_flags: Callable[[Sequence[str]], None], main: Callable[[Sequence[str]], None], usage: str):
@@ -192,7 +197,14 @@ def run_command(define_flags: Callable[[Sequence[str]], None], main: Callable[[S
     except (ConfigKeyError, *USER_ERRORS) as err:
         fail(str(err))
     if any(arg in HELP_FLAGS for arg in argv[1:]):
-        print(usage.strip() + "\n\nflags:\n" + flags_help())
+        full = "--helpfull" in argv[1:]
+        own = ("__main__", sys.argv[0], define_flags.__module__, __name__)  # absl files __main__'s flags under argv[0]
+        print(
+            (usage.strip() if full else usage_summary(usage))
+            + "\n\nflags:\n"
+            + flags_help(own, full=full)
+            + ("" if full else "\n\n--helpfull: the whole description and every flag, the libraries' too.")
+        )
         sys.exit(0)
     try:
         remaining = flags.FLAGS(argv)
@@ -254,111 +266,6 @@ def check_overrides(config: ml_collections.ConfigDict, argv: Sequence[str], flag
             close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
             hint = f" Closest existing keys: {', '.join(close)}." if close else ""
             raise ConfigKeyError(f"Unknown config key {key!r} in {arg!r}.{hint}")
-
-
-def precheck_argv(argv: Sequence[str], flag: str = "config") -> None:
-    """Before `app.run`: validates overrides against the config file named by `--config`; exits 2 on an error."""
-    path = None
-    for i, arg in enumerate(argv):
-        if arg.startswith(f"--{flag}="):
-            path = arg.split("=", 1)[1]
-        elif arg == f"--{flag}" and i + 1 < len(argv):
-            path = argv[i + 1]
-    if path is None:
-        return
-    try:
-        check_overrides(load_config_file(path.split(":", 1)[0]), argv, flag)
-    except (ConfigKeyError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-
-
-CONFIG_CHANGES_FILE = "config_changes.jsonl"
-_ABSENT = "<absent>"
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def config_changes(saved: dict, current: dict) -> dict[str, tuple]:
-    """Dotted key -> (saved value, current value) for every leaf that differs; a missing side reads "<absent>"."""
-    before, after = _flatten(saved), _flatten(current)
-    return {
-        key: (before.get(key, _ABSENT), after.get(key, _ABSENT))
-        for key in sorted(before.keys() | after.keys())
-        if before.get(key, _ABSENT) != after.get(key, _ABSENT)
-    }
-
-
-def save_config(config: ml_collections.ConfigDict, path: pathlib.Path) -> dict[str, tuple]:
-    """Writes `config` to `path` (JSON); returns what changed against the config already saved there.
-
-    Rerunning a workdir with overrides (e.g. a longer `train.num_steps` to continue a run) replaces config.json, so
-    that the saved config describes the run from now on; the keys that changed, with their old and new values, are
-    printed and appended to `config_changes.jsonl` beside it, so the run's history is not lost.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Round-trip through JSON so that tuples, numpy scalars etc. compare as they are stored.
-    current = json.loads(json.dumps(config.to_dict(), sort_keys=True, default=str))
-    changes = {}
-    if path.is_file():
-        changes = config_changes(json.loads(path.read_text()), current)
-        if changes:
-            lines = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
-            print(
-                f"{path} exists and this config differs from it in {len(changes)} key(s); saving the new one and "
-                f"recording the change in {path.parent / CONFIG_CHANGES_FILE}:\n{lines}",
-                flush=True,
-            )
-            record = {
-                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "changes": {key: [old, new] for key, (old, new) in changes.items()},
-            }
-            with open(path.parent / CONFIG_CHANGES_FILE, "a") as f:
-                f.write(json.dumps(record, sort_keys=True) + "\n")
-    path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
-    return changes
-
-
-def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
-    path = pathlib.Path(workdir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: is {workdir!r} a training workdir (python -m hackable_diffusion.train "
-            "writes config.json there)?"
-        )
-    config = ml_collections.ConfigDict(json.loads(path.read_text()))
-    upgrade_saved_config(config)
-    return config
-
-
-def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
-    """Brings a config saved by an older version of the toolbox to the current keys (in place): the task moves its
-    own keys first (`tasks.Task.upgrade_saved_config`), then the sampler section is restructured
-    (`recipes.upgrade_saved_sampler`); model fields a run saved before they were spelled out take their defaults."""
-    from hackable_diffusion import recipes
-    from hackable_diffusion.tasks import get_task
-
-    if "data" in config and "sampler" in config:
-        get_task(config.data.get("task", "text")).upgrade_saved_config(config)
-    if "sampler" in config:
-        recipes.upgrade_saved_sampler(config)
-    if "model" in config:  # model fields a run saved before they were spelled out take their (training-time) default
-        import dataclasses
-
-        from hackable_diffusion.models.config import TransformerConfig
-
-        for field in dataclasses.fields(TransformerConfig):
-            if field.name not in config.model and field.default not in (dataclasses.MISSING, None):
-                config.model[field.name] = field.default
 
 
 def quiet_library_logs():

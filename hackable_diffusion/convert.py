@@ -5,22 +5,27 @@
   python -m hackable_diffusion.convert --from gemma_dir --config configs/models/diffusiongemma_26b_a4b.py --to hf_dir
 
 Formats are detected from the source (`--from_format` / `--to_format` override): `hf` (config.json + safetensors:
-DiffusionGemma or Gemma-4, `models/hf_convert.py`), `gemma` (an orbax tree in the gemma library's layout,
-`models/gemma_convert.py`), `workdir` (a run of `python -m hackable_diffusion.train` or `sft`; its EMA weights when it
+DiffusionGemma or Gemma-4, `checkpoints/hf.py`), `gemma` (an orbax tree in the gemma library's layout,
+`checkpoints/gemma.py`), `workdir` (a run of `python -m hackable_diffusion.train` or `sft`; its EMA weights when it
 kept them, an SFT run's merged `fused_params`). The targets are `hf` and `gemma`; a Hugging Face directory is used
 directly by `sample`, `evaluate --workdir hf:DIR` and `sft --init_from hf:DIR`, so it needs no toolbox run.
 A toolbox model with a self-conditioner is written as a DiffusionGemma checkpoint, one without as a text-only Gemma-4
 (`--model_type` overrides). A gemma source needs the model shape: `--config` names a model config file
 (configs/models/*.py), and `--config.<key>=value` overrides its keys. Prints one JSON line.
+
+The target is written whole: a non-empty `--to` directory is refused unless `--overwrite`, which replaces it (nothing
+of the old checkpoint stays); the new directory is written beside it and swapped in at the end, so a failure part-way
+leaves the target as it was.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 from absl import app, flags
 
-from hackable_diffusion import cli
+from hackable_diffusion import cli, run_config
 
 FLAGS = flags.FLAGS
 FORMATS = ("hf", "gemma", "workdir")
@@ -37,47 +42,71 @@ def define_flags(argv: list[str]):
     )
     flags.DEFINE_string("dtype", "", "Cast the parameters (e.g. bfloat16); empty keeps the stored dtypes.")
     flags.DEFINE_bool("ignore_unexpected", False, "hf/gemma sources: skip tensors the model has no place for.")
+    flags.DEFINE_bool("overwrite", False, "Replace a non-empty --to directory whole (refused without it).")
 
 
 def detect_format(path: pathlib.Path) -> str:
-    from hackable_diffusion.models import hf_convert
+    from hackable_diffusion.checkpoints import hf as hf_ckpt
 
-    if hf_convert.is_hf_directory(path):
+    if hf_ckpt.is_hf_directory(path):
         return "hf"
     if (path / "config.json").is_file() and ((path / "checkpoints").is_dir() or (path / "fused_params").is_dir()):
         return "workdir"
     if path.is_dir() and any(path.iterdir()):
         return "gemma"
-    raise FileNotFoundError(f"{path} is neither a Hugging Face directory, a toolbox run nor an orbax tree.")
+    if not path.exists():
+        raise FileNotFoundError(f"--from {path}: no such directory; pass an existing checkpoint directory or run.")
+    if not path.is_dir():
+        raise NotADirectoryError(f"--from {path} is a file; pass the checkpoint's directory (e.g. {path.parent}).")
+    raise FileNotFoundError(
+        f"--from {path} is empty: neither a Hugging Face directory (config.json + model.safetensors), a toolbox run "
+        "(config.json + checkpoints/) nor an orbax tree."
+    )
+
+
+def check_paths(source: pathlib.Path, target: pathlib.Path, overwrite: bool) -> None:
+    """Refuses, before anything is read, a target that would destroy the source or mix two checkpoints."""
+    from hackable_diffusion.checkpoints import hf as hf_ckpt
+
+    src, dst = source.resolve(), target.resolve()
+    if src == dst or src in dst.parents or dst in src.parents:
+        raise ValueError(
+            f"--to {target} overlaps --from {source} (the same directory, or one inside the other): write the "
+            "converted checkpoint to a separate directory."
+        )
+    hf_ckpt.check_target(target, overwrite=overwrite, hint="--overwrite")
 
 
 def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str = "", ignore_unexpected: bool = False):
     """(TransformerConfig, params, extras) of a checkpoint; extras: what a writer may carry over."""
     import jax
 
-    from hackable_diffusion.models import gemma_convert, hf_convert, quantize
+    from hackable_diffusion.checkpoints import gemma as gemma_ckpt
+    from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.models import quantize
     from hackable_diffusion.models.config import TransformerConfig
 
     if fmt == "hf":
-        checkpoint = hf_convert.load_hf(path, dtype=dtype or None, ignore_unexpected=ignore_unexpected)
+        checkpoint = hf_ckpt.load_hf(path, dtype=dtype or None, ignore_unexpected=ignore_unexpected)
         return checkpoint.config, checkpoint.params, {"source": path, "canvas_length": checkpoint.info.canvas_length}
     if fmt == "gemma":
         if model_config is None:
             raise ValueError("a gemma source needs the model shape: --config configs/models/NAME.py.")
         cfg = TransformerConfig.from_dict(model_config.get("model", model_config).to_dict())
-        params = gemma_convert.load_gemma_checkpoint(
-            path, cfg, dtype=dtype or None, ignore_unexpected=ignore_unexpected
-        )
+        params = gemma_ckpt.load_gemma_checkpoint(path, cfg, dtype=dtype or None, ignore_unexpected=ignore_unexpected)
         return cfg, params, {}
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion import pretrained, sft
+    from hackable_diffusion.checkpoints import toolbox
 
-    config = cli.load_saved_config(str(path))
+    try:
+        config = run_config.load_saved_config(str(path))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path / 'config.json'} is not valid JSON ({err}): repair it or restore it.") from None
     cfg = TransformerConfig.from_dict(config.model.to_dict())
-    if (path / sft.FUSED_DIR).is_dir():
-        params = sft.load_params(path / sft.FUSED_DIR)
+    if (path / toolbox.FUSED_DIR).is_dir():  # an SFT run: its fused weights
+        params = toolbox.load_params_directory(path / toolbox.FUSED_DIR)
     else:
-        params, _ = pretrained.load_params(exp_lib.from_workdir(str(path)), str(path))
+        params, _ = toolbox.load_params(exp_lib.from_workdir(str(path)), str(path))
         # a quantized run (python -m hackable_diffusion.quantize): its FP8 weights dequantized, in param_dtype
         params = quantize.for_compute(params, cfg.param_dtype)
         cfg = cfg.replace(weight_dtype=None)
@@ -102,19 +131,24 @@ def convert(
     model_config=None,
     dtype: str = "",
     ignore_unexpected: bool = False,
+    overwrite: bool = False,
 ) -> dict:
-    from hackable_diffusion.models import gemma_convert, hf_convert
+    """Converts `source` to `target`; a non-empty target is refused unless `overwrite`, then replaced whole."""
+    from hackable_diffusion.checkpoints import gemma as gemma_ckpt
+    from hackable_diffusion.checkpoints import hf as hf_ckpt
 
     src, dst = pathlib.Path(source), pathlib.Path(target)
+    check_paths(src, dst, overwrite)
     fmt = from_format or detect_format(src)
     cfg, params, extras = load_source(
         src, fmt, model_config=model_config, dtype=dtype, ignore_unexpected=ignore_unexpected
     )
     if to_format == "gemma":
-        gemma_convert.save_gemma_checkpoint(params, cfg, dst, force=True)
+        with hf_ckpt.replacing_directory(dst) as staging:
+            gemma_ckpt.save_gemma_checkpoint(params, cfg, staging)
     else:
-        kind = model_type or (hf_convert.DIFFUSION_GEMMA if cfg.self_conditioning else hf_convert.GEMMA4_TEXT)
-        hf_convert.save_hf(
+        kind = model_type or (hf_ckpt.DIFFUSION_GEMMA if cfg.self_conditioning else hf_ckpt.GEMMA4_TEXT)
+        hf_ckpt.save_hf(
             dst,
             cfg,
             params,
@@ -122,6 +156,7 @@ def convert(
             canvas_length=extras.get("canvas_length") or 256,
             sampler=extras.get("sampler"),
             source=extras.get("source"),
+            overwrite=True,  # checked above, before the source was read
         )
     return {"from": str(src), "from_format": fmt, "to": str(dst), "to_format": to_format, "layers": cfg.num_layers}
 
@@ -141,6 +176,7 @@ def main(argv):
         model_config=FLAGS.config,
         dtype=FLAGS.dtype,
         ignore_unexpected=FLAGS.ignore_unexpected,
+        overwrite=FLAGS.overwrite,
     )
     print(cli.json_line(result))
 

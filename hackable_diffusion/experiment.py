@@ -16,7 +16,7 @@ from typing import Any
 
 import ml_collections
 
-from hackable_diffusion import builders
+from hackable_diffusion import builders, run_config
 from hackable_diffusion.diffusion.processes import NoiseProcess
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.tasks import Task, get_task
@@ -41,7 +41,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     task = get_task(config.data.task)
     data = task.build_data(config, workdir)
     vocab_size = data.tokenizer.vocab_size
-    if config.get("init", {}).get("kind") == "hf":  # a pretrained checkpoint keeps its own (maybe padded) vocabulary
+    if config.get("init", {}).get("kind", "scratch") != "scratch":  # pretrained weights keep their (padded) vocabulary
         vocab_size = max(int(config.model.vocab_size), vocab_size)
     model = builders.build_model(config, vocab_size)
     process = builders.build_process(config, vocab_size)
@@ -53,9 +53,8 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
 
 def from_workdir(workdir: str) -> Experiment:
     """Rebuilds the experiment of a training run from its saved config and tokenizer."""
-    from hackable_diffusion import cli
 
-    return build(cli.load_saved_config(workdir), workdir)
+    return build(run_config.load_saved_config(workdir), workdir)
 
 
 def workdir_path(workdir: str) -> pathlib.Path:

@@ -2,7 +2,7 @@
 
   python -m hackable_diffusion.quantize --workdir runs/shakespeare_ar --out runs/shakespeare_ar_fp8
   python -m hackable_diffusion.sample --workdir runs/shakespeare_ar_fp8 --prompt "ROMEO:"
-  python -m hackable_diffusion.evaluate --task likelihood --workdir runs/shakespeare_ar_fp8
+  python -m hackable_diffusion.evaluate --workdir runs/shakespeare_ar_fp8
 
 Weight-only float8_e4m3fn with one scale per output channel (`models/quantize.py`): the run's latest checkpoint (its
 EMA weights when it kept them) is read, every matmul weight quantized, and `--out` gets the run's config with
@@ -19,7 +19,7 @@ import shutil
 
 from absl import flags
 
-from hackable_diffusion import cli
+from hackable_diffusion import cli, run_config
 
 FLAGS = flags.FLAGS
 
@@ -36,26 +36,26 @@ def quantize_run(workdir: str, out: str, *, use_ema: bool = True) -> dict:
     import jax
 
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion import pretrained
+    from hackable_diffusion.checkpoints import quantized_runs, toolbox
     from hackable_diffusion.models import quantize as Q
 
     source, target = pathlib.Path(workdir), pathlib.Path(out)
     if source.resolve() == target.resolve():
         raise ValueError(f"--out must differ from --workdir ({workdir}): the trained run is kept as it is.")
-    if target.exists() and any(target.iterdir()) and not (target / pretrained.QUANTIZED_SOURCE).is_file():
+    if target.exists() and any(target.iterdir()) and not (target / quantized_runs.QUANTIZED_SOURCE).is_file():
         raise ValueError(f"--out {out} exists and is not a quantized run; choose a new directory.")
     exp = exp_lib.from_workdir(workdir)
     if exp.model.cfg.weight_dtype is not None:
         raise ValueError(f"{workdir} is already a quantized run (model.weight_dtype={exp.model.cfg.weight_dtype!r}).")
-    params, step = pretrained.load_params(exp, workdir, use_ema=use_ema)
+    params, step = toolbox.load_params(exp, workdir, use_ema=use_ema)
     quantized = jax.jit(Q.quantize_params)(params)
     target.mkdir(parents=True, exist_ok=True)
     config = exp.config.copy_and_resolve_references()
     config.model.weight_dtype = "float8_e4m3fn"
-    cli.save_config(config, target / "config.json")
+    run_config.save_config(config, target / "config.json")
     if (source / "tokenizer").is_dir():
         shutil.copytree(source / "tokenizer", target / "tokenizer", dirs_exist_ok=True)
-    Q.save_quantized(quantized, target / pretrained.QUANTIZED_DIR)
+    quantized_runs.save_quantized(quantized, target / quantized_runs.QUANTIZED_DIR)
     record = {
         "source": str(source),
         "step": int(step),
@@ -64,7 +64,7 @@ def quantize_run(workdir: str, out: str, *, use_ema: bool = True) -> dict:
         "bytes_after": Q.nbytes(quantized),
         "out": str(target),
     }
-    (target / pretrained.QUANTIZED_SOURCE).write_text(json.dumps(record, indent=1) + "\n")
+    (target / quantized_runs.QUANTIZED_SOURCE).write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 

@@ -16,6 +16,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from hackable_diffusion.builders import PROCESSES
+from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import presets
 
 SELECTION_ARGUMENTS = {  # every argument a selection rule takes (None: the rule's own default)
@@ -207,3 +208,111 @@ def upgrade_saved_sampler(config: ml_collections.ConfigDict) -> None:
             {**current.to_dict(), **{k: v for k, v in saved.items() if k in current}}
         )
         config.sampler.selection = section
+
+
+def sft_config(
+    *,
+    model: dict[str, Any] | None = None,
+    init_kind: str = "toolbox",
+    checkpoint: str = "",
+    lora_rank: int = 8,
+    lora_alpha: float | None = 16.0,
+    steps: int = 300,
+    batch_size: int = 8,
+    prompt_len: int = 64,
+    num_canvases: int = 2,
+    canvas_len: int = 32,
+) -> ml_collections.ConfigDict:
+    """An SFT experiment on tiny Shakespeare line pairs (DiffusionGemma's SFT objective), LoRA or full (rank 0), run
+    by `python -m hackable_diffusion.sft` (its base weights: `config.init`, `checkpoints.base_weights`)."""
+    c = base_config()
+    c.model = ml_collections.ConfigDict(model or presets.quickstart())
+    c.model.self_conditioning = True
+    c.init = ml_collections.ConfigDict(
+        dict(
+            kind=init_kind,  # "toolbox" | "params" | "gemma" | "hf" | "scratch"
+            checkpoint=checkpoint,  # toolbox workdir (or checkpoints/) | params dir | gemma orbax dir | Hugging Face dir
+            use_ema=True,  # toolbox: take ema_params when the run kept an EMA
+            inherit_diffusion=True,  # toolbox/params: take the noise process and loss recipe of the source run
+            tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus
+            ignore_unexpected=False,  # gemma/hf: skip checkpoint tensors the model has no place for (e.g. other towers)
+            decoder_window="per_token",  # hf: "cache_tail" reproduces transformers' decoder (TransformerConfig)
+            dtype="",  # hf: parameter dtype ("" = the checkpoint's, e.g. bfloat16)
+        )
+    )
+    c.lora = ml_collections.ConfigDict(
+        dict(
+            rank=lora_rank,  # 0 = full fine-tuning
+            alpha=lora_alpha if lora_alpha is not None else float(max(lora_rank, 1)),
+            targets=lora_lib.DEFAULT_TARGETS,  # or ("all-linear",)
+            include_experts=False,
+            freeze_router=False,  # True: the router (projection, scales) stays as pretrained, LoRA or full
+        )
+    )
+    c.sft = ml_collections.ConfigDict(
+        dict(
+            prompt_lines=1,
+            response_lines=2,
+            prompt_len=prompt_len,
+            num_canvases=num_canvases,
+            max_examples=0,  # 0 = every pair of the training split
+            eval_examples=64,
+            num_devices=0,  # 0 = every device
+        )
+    )
+    c.data.seq_len = prompt_len + num_canvases * canvas_len
+    c.data.batch_size = batch_size
+    d = c.diffusion
+    d.process, d.objective, d.canvas_len = "uniform", "sft", canvas_len
+    d.loss, d.encoder_ar_weight, d.self_condition_prob, d.null_signal = "canvas_ce", 1.0, 0.5, "mean_embedding"
+    d.time_sampler, d.t_min, d.t_max = "uniform", 1e-4, 1.0 - 1e-4
+    c.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            peak_lr=2e-3 if lora_rank else 5e-4,
+            end_lr=2e-4 if lora_rank else 5e-5,
+            warmup_steps=30,
+            total_steps=0,
+            weight_decay=1e-4,
+            b1=0.95,
+            b2=0.99,
+            eps=1e-8,
+            clip_norm=1.0,
+        )
+    )
+    c.train = ml_collections.ConfigDict(
+        dict(
+            num_steps=steps,
+            grad_accum_steps=1,
+            ema_decay=0.0,
+            log_every=25,
+            eval_every=100,
+            checkpoint_every=100,
+            keep_checkpoints=2,
+            fast_compile=False,  # XLA backend optimisation level 0: ~2.5x faster CPU compiles, slower steps (tests)
+        )
+    )
+    c.eval.num_batches = 4
+    c.eval.batch_size = batch_size
+    c.output = ml_collections.ConfigDict(dict(save_fused=True, save_lora=True, save_gemma=False, save_hf=False))
+    c.sampler.canvas_len = canvas_len
+    c.sampler.max_new_tokens = num_canvases * canvas_len
+    c.sampler.prompt = "ROMEO:\n"
+    return c
+
+
+SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every result
+    "num_steps",
+    "min_temperature",
+    "max_temperature",
+    "score_temperature",
+    "sc_temperature",
+    "early_stopping",
+    "draw",
+)
+
+
+def sampler_report(config: ml_collections.ConfigDict) -> dict:
+    """The sampler settings of a result: the selection rule with the arguments that are set, and the main knobs."""
+    selection = {k: v for k, v in config.sampler.selection.items() if v is not None}
+    return {"selection": selection, **{k: config.sampler[k] for k in SAMPLER_REPORT_KEYS}}

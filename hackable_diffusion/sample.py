@@ -15,13 +15,15 @@ import time
 
 from absl import app, flags
 
-from hackable_diffusion import cli
+from hackable_diffusion import cli, run_config
 
 FLAGS = flags.FLAGS
+_HAS_RUN = {"saved": False}  # whether --workdir held a saved config when the flags were defined
 
 
 def define_flags(argv: list[str]):
-    cli.define_workdir_config_flag(argv)
+    _, saved = cli.define_workdir_config_flag(argv)
+    _HAS_RUN["saved"] = saved is not None
     flags.DEFINE_string(
         "workdir",
         None,
@@ -55,7 +57,7 @@ def main(argv):
     import numpy as np
 
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion import pretrained
+    from hackable_diffusion.checkpoints import hf_runs, toolbox
     from hackable_diffusion.tasks import text
 
     if FLAGS.workdir is None:
@@ -63,13 +65,14 @@ def main(argv):
     if FLAGS.max_new_tokens < 0:
         raise app.UsageError(f"--max_new_tokens={FLAGS.max_new_tokens} must be >= 0 (0 = the sampler's own).")
     cli.quiet_library_logs()
-    workdir = cli.resolve_workdir(FLAGS.workdir)  # hf:DIR -> the run directory that stands for the checkpoint
-    cli.load_saved_config(workdir)  # a clear error when the workdir holds no run
+    workdir = hf_runs.resolve_workdir(FLAGS.workdir)  # hf:DIR -> the run directory that stands for the checkpoint
+    if not _HAS_RUN["saved"]:
+        run_config.load_saved_config(workdir)  # the clear error: the workdir holds no run
     config = FLAGS.config
     exp = exp_lib.build(config, workdir)
     if exp.task.name != "text":
-        raise ValueError(f"{workdir} is a {exp.task.name!r} run; sample prints text (see evaluate --task sudoku).")
-    params, step = pretrained.load_params(exp, workdir)
+        raise ValueError(f"{workdir} is a {exp.task.name!r} run; sample prints text (see evaluate).")
+    params, step = toolbox.load_params(exp, workdir)
     prompts = FLAGS.prompt or [config.sampler.prompt]
     max_new = FLAGS.max_new_tokens or config.sampler.max_new_tokens
     show = FLAGS.show_canvas and not exp.is_autoregressive

@@ -17,7 +17,7 @@ import json
 
 from absl import app, flags
 
-from hackable_diffusion import cli
+from hackable_diffusion import cli, run_config
 
 FLAGS = flags.FLAGS
 
@@ -61,7 +61,7 @@ def _run(config, workdir: str, *, sample_at_end: bool):
     path = exp_lib.workdir_path(workdir)
     if jax.process_index() == 0:
         print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
-        cli.save_config(config, path / "config.json")
+        run_config.save_config(config, path / "config.json")
     exp = exp_lib.build(config, workdir)
     counts = count_params(exp.model.cfg)
     if jax.process_index() == 0:

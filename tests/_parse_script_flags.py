@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import io
 import json
+import pathlib
 import runpy
 import sys
 
@@ -54,8 +55,13 @@ def parse_one(script: str, args: list[str], module: bool = False) -> str | None:
         with contextlib.redirect_stderr(stderr):
             if module:
                 runpy.run_module(script, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(script, run_name="__main__")
+            else:  # as `python SCRIPT` would: the script's folder first on sys.path (experiments' own modules)
+                folder = str(pathlib.Path(script).resolve().parent)
+                sys.path.insert(0, folder)
+                try:
+                    runpy.run_path(script, run_name="__main__")
+                finally:
+                    sys.path.remove(folder)
     except _Parsed:
         return None
     except SystemExit as exit_:

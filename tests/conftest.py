@@ -7,6 +7,7 @@ import io
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -30,6 +31,9 @@ if _OWN_CACHE:
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["HD_TEST_COMPILATION_CACHE"])
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+# experiments/ holds experiment-only modules that tests check too (enumerable_toy, noise_level_analysis)
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
 
 import _hypothesis_profiles  # noqa: E402,F401  (registers and loads the `ci` / `thorough` profiles)
 from _tiny_configs import TRAIN_OUTPUT  # noqa: E402

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from hackable_diffusion.diffusion import losses
+from hackable_diffusion.diffusion import elbos
 from hackable_diffusion.diffusion.processes import NoiseProcess
 from hackable_diffusion.diffusion.schedules import UniformTimeSampler
 from hackable_diffusion.diffusion.training_losses import ArCE, CanvasCE, DiffusionLoss, Elbo
@@ -63,7 +63,7 @@ def _decoder_with_self_conditioning(
 
 def _diffusion_loss(loss: DiffusionLoss, process: NoiseProcess, logits, x0, xt, t, loss_mask):
     """(training loss per example, ELBO nats per example)."""
-    elbo = losses.process_elbo(logits, x0, xt, t, process, loss_mask)
+    elbo = elbos.process_elbo(logits, x0, xt, t, process, loss_mask)
     return loss(process, logits, x0, xt, loss_mask, elbo), elbo
 
 
@@ -180,7 +180,7 @@ class DiffusionPretrainObjective:
             self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
         )
         train, elbo = _diffusion_loss(self.loss, self.process, logits.reshape(b * n, c, -1), x0_c, xt_c, t, mask_c)
-        ar, _ = losses.autoregressive_cross_entropy(enc_logits, x0, token_mask)
+        ar, _ = elbos.autoregressive_cross_entropy(enc_logits, x0, token_mask)
         return dict(train=train, elbo=elbo, scored=jnp.sum(mask_c, axis=-1), aux=aux, encoder_ar=ar)
 
 
@@ -188,7 +188,7 @@ class DiffusionPretrainObjective:
 class CanvasSFTObjective:
     """DiffusionGemma's prompt -> response canvas SFT, without the reference's multi-canvas bug.
 
-    The batch is `data.canvas.collate_examples` of `CanvasChunker` outputs: prompt (b, P), prompt_mask, canvas
+    The batch is `data.sft_canvases.collate_examples` of `CanvasChunker` outputs: prompt (b, P), prompt_mask, canvas
     (b, N*C), canvas_id, canvas_mask, num_canvases.
     """
 
@@ -264,7 +264,7 @@ class CanvasSFTObjective:
         train, elbo = _diffusion_loss(
             self.loss, self.process, out["logits"], out["x0"], out["xt"], out["t"], canvas_loss_mask
         )
-        ar, _ = losses.autoregressive_cross_entropy(out["encoder_logits"], out["seq"], out["seq_mask"])
+        ar, _ = elbos.autoregressive_cross_entropy(out["encoder_logits"], out["seq"], out["seq_mask"])
         diffusion = jnp.mean(train)
         loss = diffusion + self.encoder_ar_weight * jnp.mean(ar) + aux_loss(out["aux"])
         metrics = {

@@ -24,7 +24,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from hackable_diffusion.diffusion import losses
+from hackable_diffusion.diffusion import elbos
 from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess
 
 ELBO_METRIC = "elbo_bits_per_token"
@@ -82,7 +82,7 @@ class MaskedCE(DiffusionLoss):
             raise ValueError(f"the masked_ce loss needs the masking process, not {type(process).__name__}.")
 
     def __call__(self, process, logits, x0, xt, loss_mask, elbo):
-        return losses.masked_token_cross_entropy(logits, x0, xt, process.mask_id, loss_mask, self.token_reweight)
+        return elbos.masked_token_cross_entropy(logits, x0, xt, process.mask_id, loss_mask, self.token_reweight)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +90,7 @@ class CanvasCE(DiffusionLoss):
     """DiffusionGemma's CE over every loss position of the canvas, no time weighting."""
 
     def __call__(self, process, logits, x0, xt, loss_mask, elbo):
-        return losses.canvas_cross_entropy(logits, x0, loss_mask)
+        return elbos.canvas_cross_entropy(logits, x0, loss_mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +102,7 @@ class ArCE:
     def __call__(
         self, logits: Float[Array, "b l v"], tokens: Int[Array, "b l"], targets: Bool[Array, "b l"] | None = None
     ) -> tuple[Float[Array, "b"], Int[Array, "b"]]:
-        return losses.autoregressive_cross_entropy(logits, tokens, targets)
+        return elbos.autoregressive_cross_entropy(logits, tokens, targets)
 
 
 DIFFUSION_LOSSES: dict[str, type[DiffusionLoss]] = {"elbo": Elbo, "masked_ce": MaskedCE, "canvas_ce": CanvasCE}

@@ -22,15 +22,60 @@ A Sudoku run answers only generation requests whose context is a puzzle (task `h
 
 from __future__ import annotations
 
+import json
+import pathlib
+from collections.abc import Mapping
 from typing import Any
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from hackable_diffusion import run_config
 from hackable_diffusion.evals import scoring
 
 _TRUE = ("1", "true", "yes")
+# HackableDiffusionLM's own arguments (lm-eval adds batch_size, max_batch_size and device to those of --model_args)
+MODEL_ARGS = ("workdir", "num_draws", "seed", "batch_size", "max_length", "greedy_check", "use_ema")
+EXTRA_ARGS = ("max_batch_size", "device")
+
+
+def check_model_args(model_args: Mapping[str, Any]) -> None:
+    """Checks the model args before anything is loaded (the harness calls it before handing over to lm-eval): every
+    key is known, `workdir` is a training workdir with its config.json, or `hf:DIR` a Hugging Face checkpoint
+    directory, and every `config.<path>` names a key of that run's config. Raises ValueError or FileNotFoundError
+    with one line that names what is wrong and how to fix it."""
+    from hackable_diffusion import cli
+    from hackable_diffusion.checkpoints import hf_runs
+
+    bad = [k for k in model_args if k not in MODEL_ARGS + EXTRA_ARGS and not str(k).startswith("config.")]
+    if bad:
+        raise ValueError(
+            f"unknown model args {bad}: use workdir, num_draws, seed, batch_size, max_length, greedy_check, "
+            "use_ema, or config.<path>=value (e.g. config.sampler.num_steps=16)."
+        )
+    workdir = model_args.get("workdir")
+    if not workdir:
+        raise ValueError("model_args needs workdir=<a training workdir or hf:DIR>.")
+    workdir = str(workdir)
+    if workdir.startswith(hf_runs.HF_PREFIX):
+        from hackable_diffusion.checkpoints import hf as hf_ckpt
+
+        directory = workdir[len(hf_runs.HF_PREFIX) :]
+        hf_ckpt.read_model_config(directory)  # a missing directory or a broken config.json, by name
+        config = hf_runs.hf_experiment_config(directory)
+    else:
+        path = pathlib.Path(workdir)
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"model_args workdir={workdir}: no such directory; pass a training workdir (the --workdir of python -m "
+                "hackable_diffusion.train or sft) or hf:DIR for a Hugging Face checkpoint directory."
+            )
+        try:
+            config = run_config.load_saved_config(workdir)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path / 'config.json'} is not valid JSON ({err}): repair or restore it.") from None
+    cli.check_overrides(config, [f"--{k}=" for k in model_args if str(k).startswith("config.")])
 
 
 def _bool(value: Any) -> bool:
@@ -54,22 +99,16 @@ class HackableDiffusionLM(LM):
     ):
         super().__init__()
         del max_batch_size, device  # one process, the default JAX device(s)
-        from hackable_diffusion import cli, pretrained
+        from hackable_diffusion import cli
         from hackable_diffusion import experiment as exp_lib
+        from hackable_diffusion.checkpoints import hf_runs, toolbox
 
-        if not workdir:
-            raise ValueError("model_args needs workdir=<a training workdir or hf:DIR>.")
-        bad = [k for k in config_overrides if not k.startswith("config.")]
-        if bad:
-            raise ValueError(
-                f"unknown model args {bad}: use workdir, num_draws, seed, batch_size, max_length, greedy_check, "
-                "use_ema, or config.<path>=value (e.g. config.sampler.num_steps=16)."
-            )
-        workdir = cli.resolve_workdir(str(workdir))
+        check_model_args(dict(config_overrides, workdir=workdir))
+        workdir = hf_runs.resolve_workdir(str(workdir))
         overrides = [f"--{k}={v}" for k, v in config_overrides.items()]
-        config = cli.parse_config_overrides(cli.load_saved_config(workdir), overrides)
+        config = cli.parse_config_overrides(run_config.load_saved_config(workdir), overrides)
         exp = exp_lib.build(config, workdir)
-        params, self.checkpoint_step = pretrained.load_params(exp, workdir, use_ema=_bool(use_ema))
+        params, self.checkpoint_step = toolbox.load_params(exp, workdir, use_ema=_bool(use_ema))
         size = 8 if str(batch_size).startswith("auto") else int(batch_size)
         self.workdir = workdir
         self.scorer = None

@@ -13,7 +13,7 @@ Tasks:
 - `hd_shakespeare_continuation` (generation until a newline): a speaker and the first line of a speech; the target is
   the second line; exact match and chrF.
 - `hd_sudoku_solve` (generation, for Sudoku runs): a puzzle as 81 characters (`.` = blank) generated with the toolbox's
-  exact solver (unique solution, 30-36 givens, generator seed 7: `evaluate --task sudoku`'s default held-out seed);
+  exact solver (unique solution, 30-36 givens, generator seed 7: `evaluate`'s default held-out seed);
   the answer is the 81 digits; `solved` checks the rules and the givens (the solver check), `exact_match` compares with
   the unique solution.
 

@@ -6,7 +6,7 @@ Log-likelihoods follow the conventions of the diffusion-LM papers that report lm
   (every continuation token is the argmax);
 - diffusion run: minus the block-diffusion ELBO of the continuation given the context, averaged over `num_draws`
   Monte-Carlo draws of noise levels and corruptions from a fixed seed (a lower bound on log p in expectation). It is
-  the estimator of `evaluate --task likelihood` (`DiffusionPretrainObjective.elbo_per_example`, the run's time
+  the estimator of `evaluate` (`DiffusionPretrainObjective.elbo_per_example`, the run's time
   sampler and loss weighting), with the context held fixed (clean, never scored). The context is left-padded so that
   the continuation starts on a canvas boundary: every continuation canvas attends to the whole clean context through
   the encoder's KV cache, as in generation. The greedy flag of a diffusion run decodes the continuation with the run's
@@ -64,7 +64,7 @@ def _bucket(n: int, multiple: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Scorer:
-    """Log-likelihoods and generations of one run (`experiment.from_workdir` + `pretrained.load_params`).
+    """Log-likelihoods and generations of one run (`experiment.from_workdir` + `toolbox.load_params`).
 
     num_draws: Monte-Carlo draws per request (diffusion); seed: the noise seed (diffusion) and sampling seed;
     batch_size: requests per compiled call; max_length: the longest sequence scored (0 = the run's `data.seq_len`);

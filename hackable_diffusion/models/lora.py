@@ -373,3 +373,16 @@ def logical_axes(path: Sequence[Any], shape: Sequence[int]) -> tuple[str | None,
     if len(axes) != len(shape):
         raise ValueError(f"LoRA factor {'/'.join(names)} has shape {tuple(shape)} but logical axes {axes}.")
     return axes
+
+
+ROUTER_LEAVES = ("moe/router_logits", "moe/router_scale", "moe/per_expert_scale")
+
+
+def router_frozen_mask(params: PyTree) -> PyTree:
+    """Full fine-tuning that keeps the router as pretrained: True (trained) for every leaf but the router's."""
+
+    def trained(path, _):
+        name = "/".join(str(getattr(p, "key", p)) for p in path)
+        return not any(name.endswith(leaf) for leaf in ROUTER_LEAVES)
+
+    return jax.tree_util.tree_map_with_path(trained, params)

@@ -40,6 +40,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
+
 from hackable_diffusion.models.layers import weight_first
 
 __all__ = [

@@ -54,6 +54,7 @@ def gemma4_26b_a4b() -> dict[str, Any]:
         grid_attention_bias=0.0,
         scan_unroll=1,
         depth_loops=1,
+        attention_impl="einsum",
     )
 
 
@@ -154,7 +155,7 @@ def mini(vocab_size: int = 128, moe: bool = False) -> dict[str, Any]:
 
 
 def quickstart(vocab_size: int = 128) -> dict[str, Any]:
-    """About 1M parameters with every feature on (MoE, K=V globals, partial RoPE): trains in minutes on a CPU."""
+    """1.37M parameters (at the 69-character Shakespeare vocabulary) with every feature on (MoE, K=V globals, partial RoPE): trains in minutes on a CPU."""
     return derived(
         vocab_size=vocab_size,
         embed_dim=128,

@@ -19,19 +19,17 @@ scale into the consumer where it can.
 
 `QuantizedParams` (values + scales) is what a quantized run's params are: every model call in `transformer.py`
 dequantizes it inside its jitted program (`for_compute`), so the samplers, scorers and evaluations take it wherever
-they take params. `save_quantized` / `load_quantized` store it with orbax (the FP8 bytes as uint8, the scales of the
+they take params. `checkpoints.quantized_runs` stores it with orbax (the FP8 bytes as uint8, the scales of the
 quantized leaves only); `python -m hackable_diffusion.quantize` makes a quantized run from a trained one once.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 FP8 = jnp.float8_e4m3fn
 FP8_MAX = float(jnp.finfo(FP8).max)  # 448
@@ -109,47 +107,3 @@ def for_compute(params: Any, dtype: Any) -> Any:
     """The params a model call applies: `params` itself, or a `QuantizedParams` dequantized to `dtype` (called
     inside the jitted model functions, so the dequantization is part of the compiled program)."""
     return params.dequantize(dtype) if isinstance(params, QuantizedParams) else params
-
-
-def _path_key(path) -> str:
-    return "/".join(str(getattr(p, "key", p)) for p in path)
-
-
-def save_quantized(quantized: QuantizedParams, directory: str | os.PathLike) -> str:
-    """Writes `quantized` with orbax: {"values": the tree with FP8 leaves as uint8 bytes, "scales": {path: scale}}."""
-    import orbax.checkpoint as ocp
-
-    values = jax.tree.map(
-        lambda v: np.asarray(jax.lax.bitcast_convert_type(v, jnp.uint8)) if v.dtype == FP8 else np.asarray(v),
-        quantized.values,
-    )
-    flat = jax.tree_util.tree_flatten_with_path(quantized.scales, is_leaf=lambda x: x is None)[0]
-    scales = {_path_key(path): np.asarray(s) for path, s in flat if s is not None}
-    directory = os.path.abspath(os.fspath(directory))
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(directory, {"values": values, "scales": scales}, force=True)
-    checkpointer.wait_until_finished()
-    return directory
-
-
-def load_quantized(directory: str | os.PathLike) -> QuantizedParams:
-    """Reads what `save_quantized` wrote, onto the default device."""
-    import orbax.checkpoint as ocp
-
-    from hackable_diffusion.models import gemma_convert
-
-    directory = os.path.abspath(os.fspath(directory))
-    metadata = gemma_convert.tree_metadata(directory)
-    stored = ocp.PyTreeCheckpointer().restore(
-        directory,
-        args=ocp.args.PyTreeRestore(
-            restore_args=jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
-        ),
-    )
-    flat, treedef = jax.tree_util.tree_flatten_with_path(stored["values"])
-    values, scales = [], []
-    for path, leaf in flat:
-        scale = stored["scales"].get(_path_key(path))
-        values.append(jax.lax.bitcast_convert_type(jnp.asarray(leaf), FP8) if scale is not None else jnp.asarray(leaf))
-        scales.append(None if scale is None else jnp.asarray(scale))
-    return QuantizedParams(treedef.unflatten(values), treedef.unflatten(scales))

@@ -10,7 +10,8 @@ training, and may hand the sampler a constraint or symmetry views. Two tasks shi
   (repairs, restarts, a pass budget, parallel attempts), the rules constraint, the symmetry views and DiffusionGemma's
   Sudoku metrics.
 
-`config.data.task` names the task; `get_task` is the one lookup.
+`config.data.task` names the task; `get_task` is the one lookup. Each task owns its evaluation (`Task.evaluation_from_flags`: the flags
+`python -m hackable_diffusion.evaluate` takes for its runs), so the evaluate command itself is task-free.
 """
 
 from __future__ import annotations
@@ -51,6 +52,22 @@ class Task(Protocol):
 
     def report(self, exp: Experiment, params: Any) -> str:
         """What `train` prints at the end (a sample, solved puzzles)."""
+
+    def default_config(self) -> ml_collections.ConfigDict:
+        """A config of the task: it stands in for a run's saved config when a command line is only checked."""
+
+    def define_evaluation_flags(self, flag_values: Any) -> None:
+        """Defines the absl flags `evaluate` takes for the task's runs (in `flag_values`)."""
+
+    def evaluation_from_flags(self, flag_values: Any) -> Evaluation:
+        """The evaluation those flags describe."""
+
+
+class Evaluation(Protocol):
+    """What `evaluate` runs on a run of the task: `(exp, params, seed=, load_run=) -> a JSON-able dict`; `load_run`
+    loads another run as (experiment, params), e.g. an autoregressive scorer."""
+
+    def __call__(self, exp: Experiment, params: Any, *, seed: int, load_run: Callable[[str], tuple]) -> dict: ...
 
 
 TASKS = {"text": "hackable_diffusion.tasks.text:TextTask", "sudoku": "hackable_diffusion.tasks.sudoku.task:SudokuTask"}

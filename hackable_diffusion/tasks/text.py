@@ -12,10 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Sequence
 
-import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -23,8 +21,7 @@ import numpy as np
 
 from hackable_diffusion import builders
 from hackable_diffusion.data import text as text_lib
-from hackable_diffusion.data.canvas import CanvasChunker, collate_examples
-from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, NEVER_GENERATED, Tokenizer
+from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, NEVER_GENERATED
 from hackable_diffusion.diffusion.training_losses import ArCE
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.sampling import generate as gen_lib
@@ -46,7 +43,11 @@ class TextTask:
     def upgrade_saved_config(self, config: ml_collections.ConfigDict) -> None:
         pass  # no task-specific keys have changed
 
-    def build_data(self, config: ml_collections.ConfigDict, workdir: str) -> text_lib.TextData:
+    def build_data(self, config: ml_collections.ConfigDict, workdir: str):
+        if is_sft(config):  # prompt -> response examples (tasks/text_sft.py)
+            from hackable_diffusion.tasks import text_sft
+
+            return text_sft.build_sft_data(config, workdir)
         d = config.data
         return text_lib.build_text_data(
             d.corpus, d.tokenizer, d.vocab_size or None, d.seq_len, workdir, data_dir=d.data_dir or None
@@ -56,6 +57,11 @@ class TextTask:
         return objective
 
     def train_iterator(self, exp: Experiment, process_index: int, process_count: int):
+        if is_sft(exp.config):
+            from hackable_diffusion.tasks import text_sft
+
+            batch, seed = exp.config.data.batch_size, exp.config.seed
+            return text_sft.make_example_iterator(exp.data.train_examples, batch, seed, process_index, process_count)
         return text_lib.make_train_iterator(
             exp.data.train_sequences,
             exp.config.data.batch_size,
@@ -66,6 +72,10 @@ class TextTask:
 
     def eval_fn(self, exp: Experiment, workdir: str):
         config = exp.config
+        if is_sft(config):
+            from hackable_diffusion.tasks import text_sft
+
+            return text_sft.sft_eval_fn(exp)
 
         def evaluate(params, ema_params):
             use = ema_params if ema_params is not None else params
@@ -86,6 +96,26 @@ class TextTask:
         texts, result = sample_texts(exp, params, [config.sampler.prompt], seed=config.seed)
         kind = "autoregressive" if exp.is_autoregressive else f"diffusion ({config.sampler.selection.rule})"
         return f"Sample ({kind}, {result.forward_passes} forward passes):\n{config.sampler.prompt}{texts[0]}"
+
+    def default_config(self) -> ml_collections.ConfigDict:
+        from hackable_diffusion import recipes
+
+        return recipes.base_config()
+
+    def define_evaluation_flags(self, flag_values) -> None:
+        from hackable_diffusion.tasks import text_evaluation
+
+        text_evaluation.define_flags(flag_values)
+
+    def evaluation_from_flags(self, flag_values):
+        from hackable_diffusion.tasks import text_evaluation
+
+        return text_evaluation.from_flags(flag_values)
+
+
+def is_sft(config: ml_collections.ConfigDict) -> bool:
+    """A fine-tuning run on prompt -> response examples (`python -m hackable_diffusion.sft`)."""
+    return config.diffusion.get("objective") == "sft" and "sft" in config
 
 
 def sample_texts(
@@ -131,6 +161,8 @@ def generate_tokens(
     """The run's own decoding after token-id prompts: its diffusion sampler (`config.sampler`, stopping at EOS), or
     cached AR decoding at `sampler.ar_temperature` for an autoregressive run. `prompts`/`prompt_mask`/`key` are
     `sampling.generate`'s."""
+    unused = tuple(range(exp.tokenizer.vocab_size, exp.model.cfg.vocab_size))  # padded ids no text decodes
+    forbidden = NEVER_GENERATED + unused
     if exp.is_autoregressive:
         return gen_lib.generate_ar(
             exp.model,
@@ -140,14 +172,14 @@ def generate_tokens(
             key=key,
             max_new_tokens=max_new_tokens,
             sampling=gen_lib.ARSampling(temperature=exp.config.sampler.ar_temperature),
-            forbidden_tokens=NEVER_GENERATED,
+            forbidden_tokens=forbidden,
         )
     return gen_lib.generate(
         exp.model,
         params,
         prompts,
         prompt_mask=prompt_mask,
-        sampler=builders.build_sampler(exp.config, exp.process),
+        sampler=builders.build_sampler(exp.config, exp.process, forbidden_tokens=forbidden),
         key=key,
         max_new_tokens=max_new_tokens,
         stop_tokens=(EOS_ID,),
@@ -242,83 +274,4 @@ def evaluate_likelihood(
     if exp.data.eval_num_words:
         out["ppl_per_word"] = float(2 ** (per_token * full / exp.data.eval_num_words))
     out["fraction_of_split"] = float(covered)
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The SFT demo data: tiny Shakespeare line pairs, prompt = `sft.prompt_lines` lines, response = the next
-# `sft.response_lines` lines, chunked into canvases, as a grain pipeline whose state is checkpointed with the run.
-
-
-def shakespeare_pairs(text: str, prompt_lines: int, response_lines: int) -> list[tuple[str, str]]:
-    """Non-overlapping (prompt, response) windows of lines; the prompt keeps its trailing newline."""
-    if prompt_lines < 1 or response_lines < 1:
-        raise ValueError(f"prompt_lines and response_lines must be >= 1, got {prompt_lines}, {response_lines}.")
-    lines = text.split("\n")
-    window = prompt_lines + response_lines
-    pairs = []
-    for start in range(0, len(lines) - window + 1, window):
-        prompt = "\n".join(lines[start : start + prompt_lines])
-        if not prompt.strip():
-            continue
-        pairs.append((prompt + "\n", "\n".join(lines[start + prompt_lines : start + window])))
-    return pairs
-
-
-def build_examples(
-    pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, chunker: CanvasChunker, max_examples: int = 0
-) -> dict[str, np.ndarray]:
-    """Collated CanvasChunker examples of the pairs (pairs with characters outside the vocabulary are skipped)."""
-    examples = []
-    for prompt, response in pairs:
-        if max_examples and len(examples) >= max_examples:
-            break
-        try:
-            examples.append(chunker(tokenizer.encode(prompt), tokenizer.encode(response)))
-        except ValueError:
-            continue
-    if not examples:
-        raise ValueError("No SFT example could be built (empty split, or every pair has unknown characters).")
-    return collate_examples(examples)
-
-
-@dataclasses.dataclass(frozen=True)
-class GatherExamples:
-    """Global batch of example indices -> this process's rows [start, stop) of every field."""
-
-    examples: Mapping[str, np.ndarray]
-    start: int
-    stop: int
-
-    def __call__(self, global_indices: np.ndarray) -> dict[str, np.ndarray]:
-        rows = global_indices[self.start : self.stop]
-        return {k: np.ascontiguousarray(v[rows]) for k, v in self.examples.items()}
-
-
-def make_example_iterator(
-    examples: Mapping[str, np.ndarray], batch_size: int, seed: int, process_index: int = 0, process_count: int = 1
-) -> grain.DatasetIterator:
-    """Shuffled, repeated batches of examples (per process), with a checkpointable grain state."""
-    count = len(next(iter(examples.values())))
-    if batch_size < 1 or count < 1:
-        raise ValueError(f"need batch_size >= 1 and at least one example, got {batch_size} and {count}.")
-    start = process_index * batch_size
-    dataset = (
-        grain.MapDataset.source(np.arange(count, dtype=np.int64))
-        .seed(seed)
-        .shuffle()
-        .repeat()
-        .batch(batch_size * process_count, drop_remainder=True)
-        .map(GatherExamples(dict(examples), start, start + batch_size))
-    )
-    return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
-
-
-def eval_batches(examples: Mapping[str, np.ndarray], batch_size: int, num_batches: int) -> list[dict[str, np.ndarray]]:
-    count = len(next(iter(examples.values())))
-    out = []
-    for begin in range(0, count - batch_size + 1, batch_size):
-        out.append({k: v[begin : begin + batch_size] for k, v in examples.items()})
-        if len(out) == num_batches:
-            break
     return out

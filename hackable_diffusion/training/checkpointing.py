@@ -11,12 +11,24 @@ Deliberate additions:
     tried. With several processes, a step counts as good only if every process restored it.
   * Orbax writes each step into a temporary directory and renames it when complete, so a save interrupted by a crash
     never shows up as a step; the leftovers are removed on the next start (`cleanup_tmp_directories`).
+  * When `restore_latest` falls back past damaged steps, it moves them out of orbax's sight into `<directory>_damaged/`
+    (kept for inspection, never deleted) and logs a warning saying where: the run then saves its next steps normally,
+    whereas orbax would skip every save of a step older than a damaged newer one.
+  * A save that does not happen is never silent. An async save is confirmed before the next one starts and in `wait`
+    / `close`; a save orbax skips or fails to finish raises `CheckpointSaveError` (a full disk: `DiskFullError`) after
+    removing the partial step directory, with the earlier checkpoints left as they were. Orbax's own error logs and
+    the tracebacks of its write threads are held back (a failed save is reported once, with its cause).
 """
 
 from __future__ import annotations
 
+import collections
+import glob
 import logging
 import os
+import shutil
+import sys
+import traceback
 from typing import Any
 
 import grain
@@ -25,12 +37,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from hackable_diffusion.data import disk_space
 from hackable_diffusion.training.train_state import all_finite
 
 PyTree = Any
 logger = logging.getLogger(__name__)
 
 _all_finite_jit = jax.jit(all_finite)
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax writes step N into "N.orbax-checkpoint-tmp" and renames it when complete
+DAMAGED_SUFFIX = "_damaged"  # damaged steps of <directory> move to <directory>_damaged/<step>
 
 
 class NonFiniteStateError(ValueError):
@@ -39,6 +54,71 @@ class NonFiniteStateError(ValueError):
 
 class UnreadableCheckpointsError(ValueError):
     """Checkpoints exist but none can be restored (a ValueError: bad input, reported on one line by the commands)."""
+
+
+class CheckpointSaveError(ValueError):
+    """A requested checkpoint was not written (skipped by orbax, or its write failed); reported on one line."""
+
+
+class _OrbaxErrorLog(logging.Filter):
+    """Holds back orbax's ERROR log records (every background thread of a failed save logs its own traceback, and
+    asyncio logs the failed writes nobody awaited) and keeps the latest messages, so that `Checkpointer` reports a
+    failed save once, with its cause."""
+
+    LOGGERS = ("absl", "asyncio")  # orbax logs through absl.logging; asyncio logs "exception was never retrieved"
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.messages: collections.deque[tuple[int, str]] = collections.deque(maxlen=16)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not _from_orbax(record):
+            return True
+        self.count += 1
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+        self.messages.append((self.count, text))
+        return False
+
+    def since(self, mark: int) -> list[str]:
+        """The messages held back after the `mark`-th one."""
+        return [text for count, text in self.messages if count > mark]
+
+
+_ORBAX_ERRORS = _OrbaxErrorLog()
+
+
+def _from_orbax(record: logging.LogRecord) -> bool:
+    """Whether orbax logged `record`, or the exception it carries was raised in orbax's code."""
+    marker = f"{os.sep}orbax{os.sep}"
+    if marker in record.pathname:
+        return True
+    tb = record.exc_info[2] if record.exc_info else None
+    return tb is not None and any(marker in frame.filename for frame in traceback.extract_tb(tb))
+
+
+def _is_closed_loop_callback(unraisable) -> bool:
+    """tensorstore's completion callbacks of a failed save's other writes, arriving after orbax closed their event
+    loop: harmless, printed as unraisable `RuntimeError: Event loop is closed` tracebacks."""
+    error = unraisable.exc_value
+    return unraisable.object is None and isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+
+
+def _quiet_orbax_errors() -> None:
+    """Installs (once) the filter of orbax's error logs and the hook that drops the closed-event-loop tracebacks."""
+    if _ORBAX_ERRORS in logging.getLogger(_OrbaxErrorLog.LOGGERS[0]).filters:
+        return
+    for name in _OrbaxErrorLog.LOGGERS:
+        logging.getLogger(name).addFilter(_ORBAX_ERRORS)
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _is_closed_loop_callback(unraisable):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def abstract_like(tree: PyTree) -> PyTree:
@@ -60,6 +140,7 @@ def _short_reason(error: BaseException) -> str:
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     text = re.sub(r"<(bound method|function|built-in)[^\n]*?>(\)+)?", "<...>", text)
     text = re.sub(r"\{[^{}]{200,}\}", "{...}", text)
+    text = re.sub(r"\s*See full TensorStore details:.*", "", text)  # a repr that runs on past the first line
     return f"{type(error).__name__}: {text[:300]}"
 
 
@@ -70,6 +151,7 @@ class Checkpointer:
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}.")
         self.directory = os.path.abspath(directory)
+        _quiet_orbax_errors()
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -78,7 +160,8 @@ class Checkpointer:
                 cleanup_tmp_directories=True,
             ),
         )
-        self._unreadable_steps: set[int] = set()
+        self._pending: int | None = None  # the step of a started save not yet confirmed on disk
+        self._log_mark = _ORBAX_ERRORS.count
 
     def all_steps(self) -> list[int]:
         """Completed checkpoint steps, oldest first."""
@@ -89,21 +172,68 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def save(self, step: int, state: PyTree, data_iterator: Any | None = None) -> None:
-        """Starts an (async) save of `state` and the iterator's position; raises NonFiniteStateError on NaN/Inf."""
+        """Starts an (async) save of `state` and the iterator's position, after confirming the previous save.
+
+        Raises NonFiniteStateError on NaN/Inf, CheckpointSaveError if orbax skips the step (a newer step exists) or a
+        save fails, DiskFullError if a save fails for lack of space.
+        """
         if not bool(_all_finite_jit(state)):
             raise NonFiniteStateError(
                 f"refusing to checkpoint step {step}: the train state holds NaN or Inf values; the last good "
                 f"checkpoint in {self.directory} is step {self.latest_step()}."
             )
+        self._confirm_pending()
         step = int(step)
-        if step in self._unreadable_steps and step in self._manager.all_steps():
-            logger.warning("replacing the unreadable checkpoint step %d in %s.", step, self.directory)
-            self._manager.delete(step)
-        self._unreadable_steps.discard(step)
         items = {"state": ocp.args.StandardSave(state)}
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-        self._manager.save(step, args=ocp.args.Composite(**items))
+        self._log_mark = _ORBAX_ERRORS.count
+        try:
+            saved = self._manager.save(step, args=ocp.args.Composite(**items))
+        except Exception as error:  # orbax/tensorstore raise many types for a failed write
+            self._failed_save(step, error)
+        if not saved:
+            raise CheckpointSaveError(
+                f"checkpoint step {step} was not written to {self.directory}: orbax skips a step unless it is newer "
+                f"than the newest one there (step {self.latest_step()}); move the newer step folders out of "
+                f"{self.directory} (or use a new --workdir) and run again."
+            )
+        self._pending = step
+
+    def _confirm_pending(self) -> None:
+        """Waits for the started save; if it did not complete, cleans up after it and raises (see `_failed_save`)."""
+        step, self._pending = self._pending, None
+        error = None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # the error of the save's background threads
+            error = e
+        complete = error is None and (step is None or os.path.isdir(self._step_dir(step)))
+        if not _agree_across_processes(complete):
+            self._failed_save(step, error)
+
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def _failed_save(self, step: int | None, error: BaseException | None) -> None:
+        """Removes what the failed save of `step` left, forgets the step, and raises one error naming the cause."""
+        if jax.process_index() == 0 and step is not None:
+            for leftover in glob.glob(self._step_dir(step) + TMP_SUFFIX + "*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+        self._manager.reload()
+        logged = _ORBAX_ERRORS.since(self._log_mark)
+        name = f"checkpoint step {step}" if step is not None else "a checkpoint"
+        latest = self.latest_step()
+        kept = "there is no complete checkpoint yet" if latest is None else f"the newest complete one is step {latest}"
+        then = f"removed the partial {name}; {kept}"
+        errno_name = _disk_full_errno(error, logged)
+        if errno_name is not None:
+            raise disk_space.disk_full_error(self.directory, name, errno_name, then) from error
+        if error is not None:
+            reason = _short_reason(error)
+        else:
+            reason = logged[0].splitlines()[0][:300] if logged else "orbax did not finish writing it"
+        raise CheckpointSaveError(f"could not write {name} in {self.directory} ({reason}); {then}.") from error
 
     def restore(self, step: int, abstract_state: PyTree, data_iterator: Any | None = None) -> PyTree:
         """Restores one step onto `abstract_state` (ShapeDtypeStructs with shardings); sets the iterator in place."""
@@ -116,13 +246,18 @@ class Checkpointer:
             raise NonFiniteStateError(f"checkpoint step {step} holds NaN or Inf values.")
         return state
 
-    def restore_latest(self, abstract_state: PyTree, data_iterator: Any | None = None) -> tuple[PyTree, int] | None:
+    def restore_latest(
+        self, abstract_state: PyTree, data_iterator: Any | None = None, *, move_damaged: bool = False
+    ) -> tuple[PyTree, int] | None:
         """(state, step) from the newest readable checkpoint, None if there is none.
 
-        Unreadable steps are skipped with a warning (and replaced when that step is saved again). If checkpoints
-        exist but none is readable, raises RuntimeError rather than silently starting from scratch.
+        Unreadable steps are skipped with a warning; with `move_damaged` (a run that goes on training from here) those
+        newer than the step restored are then moved to `<directory>_damaged/` (see `move_aside`). If checkpoints exist
+        but none is readable, raises UnreadableCheckpointsError rather than silently starting from scratch (and moves
+        nothing).
         """
         steps = self.all_steps()
+        damaged = []
         for step in reversed(steps):
             error = None
             try:
@@ -130,8 +265,10 @@ class Checkpointer:
             except Exception as e:  # orbax/tensorstore raise many types for damaged files
                 error = e
             if _agree_across_processes(error is None):
+                if move_damaged:
+                    self.move_aside(damaged, step)
                 return state, step
-            self._unreadable_steps.add(step)
+            damaged.append(step)
             reason = _short_reason(error) if error is not None else "another process could not read it"
             logger.warning(
                 "checkpoint step %d in %s is unreadable or damaged (%s); falling back to the previous checkpoint.",
@@ -146,10 +283,52 @@ class Checkpointer:
             )
         return None
 
+    def move_aside(self, steps: list[int], resumed_step: int) -> None:
+        """Moves the step folders `steps` to `<directory>_damaged/<step>` (out of orbax's sight; nothing is deleted)
+        and logs a warning for each, so that a run resumed from `resumed_step` saves its next steps."""
+        if not steps:
+            return
+        if jax.process_index() == 0:
+            for step in steps:
+                target = _free_path(os.path.join(self.directory + DAMAGED_SUFFIX, str(step)))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.rename(self._step_dir(step), target)
+                logger.warning(
+                    "moved the damaged checkpoint step %d to %s (kept for inspection, out of the way of the new "
+                    "checkpoints): training resumes from step %d.",
+                    step,
+                    target,
+                    resumed_step,
+                )
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("checkpointing.move_aside")
+        self._manager.reload()
+
     def wait(self) -> None:
-        """Blocks until pending async saves are on disk."""
-        self._manager.wait_until_finished()
+        """Blocks until pending async saves are on disk; raises CheckpointSaveError / DiskFullError if one failed."""
+        self._confirm_pending()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Confirms the pending save (raising as `wait` does) and releases orbax's threads."""
+        try:
+            self._confirm_pending()
+        finally:
+            self._manager.close()
+
+
+def _disk_full_errno(error: BaseException | None, logged: list[str]) -> str | None:
+    """`"ENOSPC"`/`"EDQUOT"` if the error, or an error orbax logged from the save's threads, says the disk is full."""
+    for cause in (error, *logged):
+        errno_name = disk_space.disk_full_errno(cause)
+        if errno_name is not None:
+            return errno_name
+    return None
+
+
+def _free_path(path: str) -> str:
+    """`path`, or `path-2`, `path-3`, ... if it exists."""
+    candidate, n = path, 1
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{path}-{n}"
+    return candidate

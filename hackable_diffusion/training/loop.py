@@ -11,6 +11,10 @@ Deliberate choices:
   * The loss is checked every step (one scalar fetched from the device). A non-finite loss or gradient stops the run
     with `NonFiniteLossError` naming the step and the last good checkpoint; the bad update was never applied (see
     `train_state`) and no checkpoint is written after it.
+  * A checkpoint that could not be written stops the run with one error (`checkpointing.CheckpointSaveError`, or
+    `DiskFullError` for a full disk) once its partial files are removed; a resume past damaged checkpoints moves them
+    to `checkpoints_damaged/` first, so the steps it trains are saved. After a failure the loop closes its writers
+    without letting their own errors replace the first one.
   * The data iterator is advanced exactly once per step and checkpointed with the state, so the k-th batch of a
     resumed run is the k-th batch of an uninterrupted one; with the step rng = fold_in(seed key, step) a resumed
     run matches an uninterrupted one bit for bit on the same hardware.
@@ -26,11 +30,12 @@ Deliberate choices:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
-import time
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -39,7 +44,8 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from hackable_diffusion.training import checkpointing, metrics as metrics_lib, optimizers, sharding
+from hackable_diffusion.training import checkpointing, optimizers, sharding
+from hackable_diffusion.training import metrics as metrics_lib
 from hackable_diffusion.training.train_state import TrainState, jit_train_step, make_train_step
 
 PyTree = Any
@@ -47,8 +53,11 @@ Hook = Callable[[int, TrainState, Mapping[str, float]], None]
 EvalFn = Callable[[PyTree, PyTree | None], Mapping[str, Any]]
 
 
-class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN/Inf loss or gradient; the state was not updated and no checkpoint was written."""
+class NonFiniteLossError(ValueError):
+    """Training produced a NaN/Inf loss or gradient; the state was not updated and no checkpoint was written.
+
+    A ValueError: the cause is the run's settings or data (the learning rate, most often), and the commands report it
+    as one `error:` line with exit status 2."""
 
 
 class TrainingInterrupted(Exception):
@@ -185,6 +194,7 @@ def train(
 
     Raises:
       NonFiniteLossError: the loss or gradients became NaN/Inf (message names the step and last good checkpoint).
+      checkpointing.CheckpointSaveError: a checkpoint was not written (`DiskFullError`: the disk is full).
     """
     cfg = loop
     optimizer = optimizers.make_optimizer(optimizer_cfg, trainable_mask)
@@ -207,7 +217,9 @@ def train(
     data_to_checkpoint = train_iterator if hasattr(train_iterator, "get_state") else None
     if checkpointer is not None and data_to_checkpoint is None:
         _say("warning: train_iterator has no get_state()/set_state(); a resumed run will restart the data stream.")
-    restored = checkpointer.restore_latest(abstract, data_to_checkpoint) if checkpointer is not None else None
+    restored = None
+    if checkpointer is not None:  # damaged steps newer than the one restored are moved aside, so new saves happen
+        restored = checkpointer.restore_latest(abstract, data_to_checkpoint, move_damaged=True)
     if restored is not None:
         state, restored_step = restored
         _say(f"Restored checkpoint at step {restored_step} from {checkpointer.directory}.")
@@ -300,12 +312,26 @@ def train(
                 _interrupt(signum, step, checkpointer, save, workdir)
         if checkpointer is not None:
             save(int(state.step))
-    finally:
-        stop.__exit__()
-        writer.close()
-        if checkpointer is not None:
-            checkpointer.close()
+    except BaseException:
+        _close(stop, writer, checkpointer, quietly=True)
+        raise
+    _close(stop, writer, checkpointer, quietly=False)
     return state
+
+
+def _close(stop: _StopRequests, writer: metrics_lib.MetricsWriter, checkpointer, *, quietly: bool) -> None:
+    """Restores the signal handlers, closes the metrics and waits for and closes the checkpoints. `quietly` (the run
+    is already failing) drops their own errors, so that the first error is the one reported."""
+    stop.__exit__()
+    closers = [writer.close] + ([checkpointer.close] if checkpointer is not None else [])
+    if quietly:
+        for close in closers:
+            with contextlib.suppress(Exception):
+                close()
+        return
+    with contextlib.ExitStack() as closing:  # every closer runs even if one raises
+        for close in reversed(closers):
+            closing.callback(close)
 
 
 def _interrupt(signum: int, step: int, checkpointer, save, workdir: str) -> None:

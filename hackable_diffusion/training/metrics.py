@@ -9,6 +9,7 @@ Only process 0 writes files (every process may call the writer).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -20,6 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from hackable_diffusion.data import disk_space
 
 _RESERVED = ("step", "split", "wall_time")
 
@@ -56,8 +59,16 @@ class MetricsWriter:
         record = {"step": int(step), "split": split, "wall_time": time.time()}
         # JSON has no NaN/Inf: write them as strings so every line stays valid JSON.
         record.update({k: (v if math.isfinite(v) else str(v)) for k, v in floats.items()})
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as error:
+            with contextlib.suppress(OSError):  # closes the file; the record that did not fit is dropped
+                self._file.close()
+            errno_name = disk_space.disk_full_errno(error)
+            if errno_name is not None:
+                raise disk_space.disk_full_error(os.path.dirname(self.path), "metrics.jsonl", errno_name) from error
+            raise
         for k, v in floats.items():
             self._tb.add_scalar(f"{split}/{k}", v, int(step))
 
@@ -67,10 +78,31 @@ class MetricsWriter:
             self._tb.flush()
 
     def close(self) -> None:
-        if self.enabled and self._file is not None:
-            self._file.close()
-            self._tb.close()
-            self._file = None
+        """Closes metrics.jsonl and the TensorBoard writer (both, even if one fails); a full disk raises
+        DiskFullError."""
+        if not self.enabled or self._file is None:
+            return
+        file, tb, self._file = self._file, self._tb, None
+        try:
+            with contextlib.ExitStack() as closing:
+                closing.callback(tb.close)
+                file.close()
+        except OSError as error:
+            _abandon_tensorboard(tb)
+            errno_name = disk_space.disk_full_errno(error)
+            if errno_name is not None:
+                what = "metrics.jsonl and the TensorBoard event files"
+                raise disk_space.disk_full_error(os.path.dirname(self.path), what, errno_name) from error
+            raise
+
+
+def _abandon_tensorboard(tb) -> None:
+    """Marks the event-file writers of a tensorboardX writer whose flush failed as closed: tensorboardX would otherwise
+    retry the flush at interpreter exit and print its traceback."""
+    for writer in (getattr(tb, "all_writers", None) or {}).values():
+        event_writer = getattr(writer, "event_writer", None)
+        if event_writer is not None and hasattr(event_writer, "_closed"):
+            event_writer._closed = True
 
 
 def read_metrics(workdir: str, split: str | None = None, *, keep_superseded: bool = False) -> list[dict[str, Any]]:

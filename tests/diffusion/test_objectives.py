@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hackable_diffusion import builders, recipes
-from hackable_diffusion.data.canvas import CanvasChunker, collate_examples
+from hackable_diffusion.data.sft_canvases import CanvasChunker, collate_examples
 from hackable_diffusion.diffusion import objectives as O
 from hackable_diffusion.diffusion.processes import MaskingProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule, UniformTimeSampler

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hackable_diffusion.diffusion import losses as L
+from hackable_diffusion.diffusion import elbos as L
 from hackable_diffusion.diffusion import training_losses as TL
 from hackable_diffusion.diffusion.processes import MaskingProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule

@@ -1,7 +1,8 @@
 """The documentation stays true: every relative link and image in README.md, docs/ and results/ resolves to a file in
 the repository, and every `python -m hackable_diffusion.X` / `python experiments/Y.py` command they quote names a
 module or script that exists and whose flags parse (entry points: `HD_CHECK_FLAGS=1` parses and checks the command
-line, config overrides included, then exits; experiment scripts: their argparse parser, stopped after parsing)."""
+line, config overrides included, then exits; experiment scripts: their argparse parser, stopped after parsing), and
+every bold figure of the README's headline table is a figure that the results page of its row states."""
 
 import json
 import os
@@ -145,3 +146,84 @@ def test_a_bad_command_is_caught(tmp_path):
     assert "no_such_flag" in problems[1]
     assert problems[2] == "no module hackable_diffusion.nothing"
     assert problems[3] is None
+
+
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+BOLD = re.compile(r"\*\*(.+?)\*\*", flags=re.S)
+
+
+def numbers_in(text: str) -> set[str]:
+    """Every number written in `text`, thousands separators dropped ("1,000" -> "1000")."""
+    return {n.replace(",", "") for n in NUMBER.findall(text)}
+
+
+def stated_figures(page: pathlib.Path) -> set[str]:
+    """The figures a results page states: the numbers in its bold spans and in those of the markdown files it links to,
+    and every number in the data files it links to (JSON, JSON lines; a linked folder: each such file in it)."""
+    text = page.read_text()
+    figures = set().union(*[numbers_in(span) for span in BOLD.findall(text)])
+    for target in LINK.findall(re.sub(r"```.*?```", "", text, flags=re.S)):
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            continue
+        linked = (page.parent / target.split("#", 1)[0]).resolve()
+        for file in sorted(linked.iterdir()) if linked.is_dir() else [linked]:
+            if file.is_file() and file.suffix == ".md":
+                figures |= set().union(*[numbers_in(span) for span in BOLD.findall(file.read_text())])
+            elif file.is_file() and file.suffix in (".json", ".jsonl"):
+                figures |= numbers_in(file.read_text())
+    return figures
+
+
+def headline_figures_missing(readme: pathlib.Path) -> tuple[int, list[str]]:
+    """The README's "Headline results" table against its results pages: every number in a bold span (**...**) of a row
+    must be a figure that the page the row links to states (`stated_figures`: bold there, or in a linked data file).
+    Returns (figures checked, problems)."""
+    section = re.search(r"^## Headline results\n(.*?)(?=^## |\Z)", readme.read_text(), flags=re.S | re.M)
+    assert section, f"{readme} has no '## Headline results' section"
+    rows = [line for line in section.group(1).splitlines() if line.startswith("|") and not line.startswith("|---")]
+    checked, problems = 0, []
+    for row in rows[1:]:  # after the header
+        bold = BOLD.findall(row)
+        links = [t for t in LINK.findall(row) if not re.match(r"^[a-z]+:", t) and not t.startswith("#")]
+        if not bold:
+            continue
+        if not links:
+            problems.append(f"a row with bold figures and no results link: {row[:80]}")
+            continue
+        page = (readme.parent / links[-1].split("#", 1)[0]).resolve()
+        if not page.is_file():
+            problems.append(f"{links[-1]}: no such page")
+            continue
+        stated = stated_figures(page)
+        for span in bold:
+            for number in sorted(numbers_in(span)):
+                checked += 1
+                if number not in stated:
+                    problems.append(f"{number} (README **{span}**) is not a figure of {links[-1]}")
+    return checked, problems
+
+
+def test_headline_figures_appear_in_their_results_pages():
+    checked, problems = headline_figures_missing(REPO / "README.md")
+    assert checked >= 8  # the table holds about a dozen bold figures; finding none means the parsing broke
+    assert problems == [], "\n".join(problems)
+
+
+def test_a_headline_figure_changed_in_the_readme_only_is_caught(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "page.md").write_text(
+        "Exact: **99.7%** of 1,000 puzzles (99.5% with fewer passes); rows in [rows](rows.jsonl).\n"
+    )
+    (tmp_path / "results" / "rows.jsonl").write_text('{"speedup": 2.69}\n')
+    table = (
+        "# T\n\n## Headline results\n\n| task | result | details |\n|---|---|---|\n"
+        "| a | **{a}%** of 1,000 | [page](results/page.md#x) |\n| b | **2.69x** faster | [page](results/page.md) |\n\n"
+        "## Next\n\n| x | **12.5** | [page](results/page.md) |\n"
+    )
+    readme = tmp_path / "README.md"
+    readme.write_text(table.replace("{a}", "99.7"))
+    assert headline_figures_missing(readme) == (2, [])
+    for changed in ("99.8", "99.5"):  # 99.5 is on the page, but not as a stated (bold) figure
+        readme.write_text(table.replace("{a}", changed))
+        checked, problems = headline_figures_missing(readme)
+        assert checked == 2 and len(problems) == 1 and problems[0].startswith(f"{changed} "), problems

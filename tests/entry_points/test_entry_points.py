@@ -9,7 +9,7 @@ import sys
 import pytest
 from _tiny_configs import tiny_text_config
 
-from hackable_diffusion import cli, recipes
+from hackable_diffusion import cli, recipes, run_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,10 @@ def test_train_resume_sample_and_evaluate(trained_text_runs, tmp_path, capsys):
     """The full path with DiffusionGemma's recipe: train, checkpoints, metrics, resume, sample, evaluate."""
     from _tiny_configs import TRAIN_OUTPUT
 
-    from hackable_diffusion import evaluate, experiment, pretrained, train
+    from hackable_diffusion import evaluate, experiment, train
+
+    from hackable_diffusion.tasks.text_evaluation import Likelihood
+    from hackable_diffusion.checkpoints import toolbox
     from hackable_diffusion.tasks import text
 
     process = "uniform"
@@ -75,12 +78,12 @@ def test_train_resume_sample_and_evaluate(trained_text_runs, tmp_path, capsys):
     assert "Restored checkpoint at step 6" in capsys.readouterr().out
 
     exp = experiment.from_workdir(workdir)
-    params, step = pretrained.load_params(exp, workdir)
+    params, step = toolbox.load_params(exp, workdir)
     assert step == 9
     texts, result = text.sample_texts(exp, params, ["ROMEO:", "JULIET:"], seed=0, max_new_tokens=16)
     again, _ = text.sample_texts(exp, params, ["ROMEO:", "JULIET:"], seed=0, max_new_tokens=16)
     assert texts == again and len(texts) == 2  # same seed, same output
-    metrics = evaluate.likelihood(workdir, num_batches=2, batch_size=8)
+    metrics = evaluate.run(workdir, Likelihood(num_batches=2, batch_size=8))
     assert metrics["bits_per_token"] > 0 and metrics["bits_per_char"] > 0
     assert metrics["bound"] == "ELBO (upper bound on NLL)"
 
@@ -110,15 +113,15 @@ def test_rerunning_a_workdir_with_a_changed_config_records_the_change(tmp_path, 
     """config.json is replaced by the new config, and what changed (old -> new) goes to config_changes.jsonl."""
     path = tmp_path / "config.json"
     config = recipes.base_config()
-    assert cli.save_config(config, path) == {}  # first run: nothing to compare with
-    assert cli.save_config(config, path) == {}  # the same command again (a plain resume): nothing recorded
-    assert not (tmp_path / cli.CONFIG_CHANGES_FILE).exists()
+    assert run_config.save_config(config, path) == {}  # first run: nothing to compare with
+    assert run_config.save_config(config, path) == {}  # the same command again (a plain resume): nothing recorded
+    assert not (tmp_path / run_config.CONFIG_CHANGES_FILE).exists()
 
     longer = recipes.base_config()
     longer.train.num_steps = config.train.num_steps + 100
     longer.optimizer.peak_lr = config.optimizer.peak_lr / 2
     longer.data.new_key = "x"  # keys that appear or disappear are recorded too
-    changes = cli.save_config(longer, path)
+    changes = run_config.save_config(longer, path)
     expected = {
         "data.new_key": ("<absent>", "x"),
         "optimizer.peak_lr": (config.optimizer.peak_lr, config.optimizer.peak_lr / 2),
@@ -127,7 +130,7 @@ def test_rerunning_a_workdir_with_a_changed_config_records_the_change(tmp_path, 
     assert changes == expected
     assert "train.num_steps" in capsys.readouterr().out
     assert json.loads(path.read_text())["train"]["num_steps"] == config.train.num_steps + 100
-    (record,) = [json.loads(line) for line in (tmp_path / cli.CONFIG_CHANGES_FILE).read_text().splitlines()]
+    (record,) = [json.loads(line) for line in (tmp_path / run_config.CONFIG_CHANGES_FILE).read_text().splitlines()]
     assert record["changes"] == {key: list(pair) for key, pair in expected.items()}
     assert "time" in record
 
@@ -138,7 +141,7 @@ def test_saved_configs_from_older_runs_get_new_sampler_keys(tmp_path):
     del config["sampler"]["score_temperature"]
     config["sampler"]["num_steps"] = 7  # a saved value must survive the fill
     (tmp_path / "config.json").write_text(json.dumps(config))
-    loaded = cli.load_saved_config(str(tmp_path))
+    loaded = run_config.load_saved_config(str(tmp_path))
     assert loaded.sampler.score_temperature == recipes.base_config().sampler.score_temperature
     assert loaded.sampler.num_steps == 7
 

@@ -9,34 +9,36 @@ import pytest
 def test_masking_and_autoregressive_runs_train_sample_and_score(trained_text_runs):
     from _tiny_configs import TRAIN_OUTPUT
 
-    from hackable_diffusion import cli, evaluate
+    from hackable_diffusion import cli, evaluate, run_config
+
+    from hackable_diffusion.tasks.text_evaluation import Likelihood
 
     for process in ("masking", "none"):  # dense, 2 steps: tiny_text_config(process, steps=2, moe=False)
         output = (trained_text_runs[process] / TRAIN_OUTPUT).read_text()
         assert "Sample (" + ("autoregressive" if process == "none" else "diffusion") in output
-        metrics = evaluate.likelihood(str(trained_text_runs[process]), num_batches=1, batch_size=8)
+        metrics = evaluate.run(str(trained_text_runs[process]), Likelihood(num_batches=1, batch_size=8))
         assert metrics["bound"] == ("exact NLL" if process == "none" else "ELBO (upper bound on NLL)")
 
     # Generative perplexity of the diffusion run's samples under the AR run, with a sampler override.
-    scored = evaluate.likelihood(
+    scored = evaluate.run(
         str(trained_text_runs["masking"]),
-        num_batches=1,
-        batch_size=8,
-        repeats=2,
-        num_samples=2,
-        max_new_tokens=16,
-        scorer_workdir=str(trained_text_runs["none"]),
-        config=cli.override(cli.load_saved_config(str(trained_text_runs["masking"])), {"sampler.num_steps": 3}),
+        Likelihood(
+            num_batches=1,
+            batch_size=8,
+            repeats=2,
+            num_samples=2,
+            max_new_tokens=16,
+            scorer_workdir=str(trained_text_runs["none"]),
+        ),
+        config=cli.override(run_config.load_saved_config(str(trained_text_runs["masking"])), {"sampler.num_steps": 3}),
     )
     assert scored["sampler"]["num_steps"] == 3 and scored["mean_steps_per_canvas"] <= 3
     assert 0 < scored["gen_tokens"] <= 32 and scored["gen_ppl"] > 1 and len(scored["samples"]) == 2
     assert scored["bits_per_token_se"] >= 0
     with pytest.raises(ValueError, match="autoregressive scorer"):
-        evaluate.likelihood(
+        evaluate.run(
             str(trained_text_runs["none"]),
-            num_batches=1,
-            num_samples=1,
-            scorer_workdir=str(trained_text_runs["masking"]),
+            Likelihood(num_batches=1, num_samples=1, scorer_workdir=str(trained_text_runs["masking"])),
         )
     with pytest.raises(cli.ConfigKeyError, match="sampler.num_steps"):
-        cli.override(cli.load_saved_config(str(trained_text_runs["masking"])), {"sampler.num_step": 3})
+        cli.override(run_config.load_saved_config(str(trained_text_runs["masking"])), {"sampler.num_step": 3})

@@ -16,8 +16,10 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_a_quantized_run_samples_and_scores_like_its_source(trained_text_runs, tmp_path):
-    from hackable_diffusion import evaluate, pretrained
+    from hackable_diffusion import evaluate
+    from hackable_diffusion.tasks.text_evaluation import Likelihood
     from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.checkpoints import toolbox
     from hackable_diffusion.models import quantize as Q
     from hackable_diffusion.quantize import quantize_run
     from hackable_diffusion.tasks import text
@@ -32,12 +34,12 @@ def test_a_quantized_run_samples_and_scores_like_its_source(trained_text_runs, t
     assert json.loads((out / "config.json").read_text())["model"]["weight_dtype"] == "float8_e4m3fn"
 
     exp = exp_lib.from_workdir(str(out))
-    params, step = pretrained.load_params(exp, str(out))
+    params, step = toolbox.load_params(exp, str(out))
     assert isinstance(params, Q.QuantizedParams) and step == 2
     texts, _ = text.sample_texts(exp, params, ["ROMEO:"], seed=0, max_new_tokens=8)
     assert len(texts) == 1 and isinstance(texts[0], str)
-    full = evaluate.likelihood(source, num_batches=2, batch_size=8)
-    fp8 = evaluate.likelihood(str(out), num_batches=2, batch_size=8)
+    full = evaluate.run(source, Likelihood(num_batches=2, batch_size=8))
+    fp8 = evaluate.run(str(out), Likelihood(num_batches=2, batch_size=8))
     assert fp8["bound"] == "exact NLL" and fp8["bits_per_token"] != full["bits_per_token"]
     np.testing.assert_allclose(fp8["bits_per_token"], full["bits_per_token"], rtol=0.02)
 

@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from hackable_diffusion import experiment, pretrained
+from hackable_diffusion import experiment
+from hackable_diffusion.checkpoints import toolbox
 from hackable_diffusion.data import text as text_lib
 from hackable_diffusion.data.tokenizers import BOS_ID
 from hackable_diffusion.evals import local_tasks, scoring
@@ -19,7 +20,7 @@ def runs(trained_text_runs):
     out = {}
     for name in ("none", "masking"):
         exp = experiment.from_workdir(str(trained_text_runs[name]))
-        out[name] = (exp, pretrained.load_params(exp, str(trained_text_runs[name]))[0])
+        out[name] = (exp, toolbox.load_params(exp, str(trained_text_runs[name]))[0])
     return out
 
 

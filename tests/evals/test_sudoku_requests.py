@@ -12,7 +12,7 @@ from hackable_diffusion import experiment
 from hackable_diffusion.evals import local_tasks
 from hackable_diffusion.evals.puzzles import PuzzleAnswerer
 from hackable_diffusion.models import transformer as T
-from hackable_diffusion.tasks.sudoku.solve import solve_puzzles
+from hackable_diffusion.tasks.sudoku.inference import solve_puzzles
 
 
 def test_puzzle_text_round_trips_and_ignores_labels():

@@ -9,8 +9,9 @@ import numpy as np
 import optax
 import pytest
 
+from hackable_diffusion import run_config
+from hackable_diffusion.checkpoints import gemma as gc
 from hackable_diffusion.diffusion.objectives import AutoregressiveObjective
-from hackable_diffusion.models import gemma_convert as gc
 from hackable_diffusion.models import lora as L
 from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
@@ -216,7 +217,7 @@ def test_training_updates_only_lora(trained, params):
 
 @pytest.mark.slow
 def test_lora_state_checkpoint_round_trip_and_fused_logits(trained, tmp_path):
-    from hackable_diffusion import pretrained
+    from hackable_diffusion.checkpoints import toolbox
 
     model, adapter, state, _ = trained
     checkpointer = checkpointing.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
@@ -227,8 +228,8 @@ def test_lora_state_checkpoint_round_trip_and_fused_logits(trained, tmp_path):
         assert _bits_equal(a, b)
 
     fused = jax.device_get(jax.jit(adapter.merge)(restored.params["base"], restored.params["lora"]))
-    pretrained.save_params(fused, tmp_path / "fused")
-    reloaded = pretrained.load_params_directory(tmp_path / "fused")
+    toolbox.save_params(fused, tmp_path / "fused")
+    reloaded = toolbox.load_params_directory(tmp_path / "fused")
     tokens = jnp.asarray(np.random.default_rng(8).integers(4, model.cfg.vocab_size, (2, 10)), jnp.int32)
     logits = jax.jit(
         lambda fused, state: (
@@ -271,7 +272,8 @@ def test_logical_axes_shard_lora_like_its_weight(trained):
 @pytest.mark.slow
 def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
     """A tiny LoRA SFT run from a saved toolbox run: base untouched, adapters trained, fused params written, resume."""
-    from hackable_diffusion import cli, pretrained, sft
+    from hackable_diffusion import recipes, sft
+    from hackable_diffusion.checkpoints import base_weights, toolbox
     from hackable_diffusion.data import text as text_lib
     from hackable_diffusion.data.tokenizers import CharTokenizer
 
@@ -289,12 +291,12 @@ def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
         "objective": "pretrain",
         "canvas_len": 32,
     }
-    cli.save_config(ml_collections.ConfigDict({"model": shape, "diffusion": source_diffusion}), pre / "config.json")
+    run_config.save_config(ml_collections.ConfigDict({"model": shape, "diffusion": source_diffusion}), pre / "config.json")
     saver = checkpointing.Checkpointer(str(pre / "checkpoints"), async_save=False)
     saver.save(7, TrainState.create(params, optax.sgd(0.1), jax.random.key(0)))
     saver.close()
 
-    config = sft.sft_config(
+    config = recipes.sft_config(
         model=presets.tiny(),
         init_kind="toolbox",
         checkpoint=str(pre),
@@ -319,7 +321,7 @@ def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
     for path, leaf in gc.flatten_tree(params).items():
         assert _bits_equal(gc.flatten_tree(base)[path], leaf), path
     assert max(float(np.abs(x).max()) for p, x in gc.flatten_tree(lora).items() if p.endswith("lora_b")) > 0
-    fused = pretrained.load_params_directory(work / pretrained.FUSED_DIR)
+    fused = toolbox.load_params_directory(work / toolbox.FUSED_DIR)
     expected = jax.device_get(result.adapter.merge(base, lora))
     for path, leaf in gc.flatten_tree(expected).items():
         assert _bits_equal(gc.flatten_tree(fused)[path], leaf), path
@@ -340,10 +342,10 @@ def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
 
     # The fused weights start the next fine-tuning; the LoRA run's own checkpoints point there.
     chained = config.copy_and_resolve_references()
-    chained.init.update(kind="params", checkpoint=str(work / pretrained.FUSED_DIR))
-    start = pretrained.load_base(chained)
+    chained.init.update(kind="params", checkpoint=str(work / toolbox.FUSED_DIR))
+    start = base_weights.load_base(chained)
     assert start.model.cfg == cfg and start.tokenizer.vocab_size == tokenizer.vocab_size
     for path, leaf in gc.flatten_tree(expected).items():
         assert _bits_equal(gc.flatten_tree(start.params)[path], leaf), path
     with pytest.raises(ValueError, match="is a LoRA fine-tuning run"):
-        pretrained.load_toolbox_params(work)
+        toolbox.load_toolbox_params(work)

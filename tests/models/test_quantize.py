@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hackable_diffusion.checkpoints import quantized_runs
 from hackable_diffusion.models import presets
 from hackable_diffusion.models import quantize as Q
 from hackable_diffusion.models import transformer as T
@@ -109,7 +110,7 @@ def test_quantized_params_are_dequantized_inside_every_model_call(tmp_path):
     )
     assert not np.allclose(T.forward(model, params, tokens)[0], T.forward(model, quantized, tokens)[0])  # FP8 moved it
 
-    loaded = Q.load_quantized(Q.save_quantized(quantized, tmp_path / "fp8"))
+    loaded = quantized_runs.load_quantized(quantized_runs.save_quantized(quantized, tmp_path / "fp8"))
     for a, b in zip(jax.tree.leaves(quantized), jax.tree.leaves(loaded), strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32)))

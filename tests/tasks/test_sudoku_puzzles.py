@@ -10,7 +10,7 @@ import pytest
 
 from hackable_diffusion.data.text import data_file
 from hackable_diffusion.data.tokenizers import MASK_ID
-from hackable_diffusion.tasks.sudoku import csv_io, generator, solver
+from hackable_diffusion.tasks.sudoku import csv_io, generator, exact_solver
 from hackable_diffusion.tasks.sudoku import grids as grid_lib
 from hackable_diffusion.tasks.sudoku import metrics as sudoku_metrics
 from hackable_diffusion.tasks.sudoku.vocab import FIRST_DIGIT_ID, SudokuVocab
@@ -56,21 +56,21 @@ def _canonical(grid):
 def test_solver_finds_known_kaggle_solutions(kaggle):
     assert kaggle["puzzles"].shape == (20, 81)
     for puzzle, solution in zip(kaggle["puzzles"], kaggle["solutions"]):
-        result = solver.solve(puzzle)
+        result = exact_solver.solve(puzzle)
         assert result.num_solutions == 1
         np.testing.assert_array_equal(result.solutions[0], solution)
         assert result.nodes >= 1 and 0 <= result.guesses < result.nodes
         assert 0.0 <= result.difficulty < 1.0
-        assert solver.is_unique(puzzle)
+        assert exact_solver.is_unique(puzzle)
 
 
 def test_solver_class_separates_singles_from_search(kaggle):
     one_blank = kaggle["solutions"][0].copy()
     one_blank[40] = 0
     empty = np.zeros(81, np.int8)  # many solutions: the search must branch at once
-    assert solver.solver_class(np.stack([one_blank, empty])).tolist() == ["singles", "search"]
+    assert exact_solver.solver_class(np.stack([one_blank, empty])).tolist() == ["singles", "search"]
     # The curated Kaggle puzzles all fall to singles (measured on the file's first 1,000), hard levels included.
-    assert set(solver.solver_class(kaggle["puzzles"]).tolist()) == {"singles"}
+    assert set(exact_solver.solver_class(kaggle["puzzles"]).tolist()) == {"singles"}
 
 
 def test_solver_counts_solutions_of_ambiguous_and_broken_puzzles(kaggle):
@@ -78,22 +78,22 @@ def test_solver_counts_solutions_of_ambiguous_and_broken_puzzles(kaggle):
     found = [f for f in found if f is not None]
     assert found, "no deadly rectangle in the first 20 Kaggle solutions"
     for puzzle, other in found[:3]:
-        result = solver.solve(puzzle, max_solutions=10)
+        result = exact_solver.solve(puzzle, max_solutions=10)
         assert result.num_solutions == 2  # exactly two, not capped
         got = {tuple(s) for s in result.solutions}
         assert len(got) == 2 and tuple(other) in got
-        assert not solver.is_unique(puzzle)
+        assert not exact_solver.is_unique(puzzle)
     empty = np.zeros(81, np.int8)
-    assert solver.solve(empty, max_solutions=5).num_solutions == 5
-    for s in solver.solve(empty, max_solutions=5).solutions:
+    assert exact_solver.solve(empty, max_solutions=5).num_solutions == 5
+    for s in exact_solver.solve(empty, max_solutions=5).solutions:
         assert grid_lib.is_valid_solution(s)
     conflict = np.zeros(81, np.int8)
     conflict[0] = conflict[1] = 7  # two 7s in row 0
-    assert solver.solve(conflict).num_solutions == 0
+    assert exact_solver.solve(conflict).num_solutions == 0
     # A complete grid minus one cell is solved by a naked single: no guess.
     one_blank = kaggle["solutions"][0].copy()
     one_blank[40] = 0
-    result = solver.solve(one_blank)
+    result = exact_solver.solve(one_blank)
     assert (result.num_solutions, result.guesses, result.nodes) == (1, 0, 1)
 
 
@@ -130,7 +130,7 @@ def test_solver_matches_slow_reference():
     for i, givens in enumerate([28, 30, 33, 36, 40, 45]):
         puzzle, _ = generator.generate_puzzle(np.random.default_rng([21, i]), givens, unique=False)
         slow = _all_solutions_slow(puzzle, cap=30)
-        fast = solver.solve(puzzle, max_solutions=30)
+        fast = exact_solver.solve(puzzle, max_solutions=30)
         assert fast.num_solutions == len(slow) >= 1
         if len(slow) < 30:  # all solutions enumerated by both: the same set
             assert {tuple(s.tolist()) for s in fast.solutions} == set(slow)
@@ -140,11 +140,11 @@ def test_solver_matches_slow_reference():
 
 def test_solver_rejects_bad_input():
     with pytest.raises(ValueError, match="81 cells"):
-        solver.solve(np.zeros(80, np.int8))
+        exact_solver.solve(np.zeros(80, np.int8))
     with pytest.raises(ValueError, match="0 \\(blank\\) or 1..9"):
-        solver.solve(np.full(81, 10))
+        exact_solver.solve(np.full(81, 10))
     with pytest.raises(ValueError, match="max_solutions"):
-        solver.solve(np.zeros(81, np.int8), max_solutions=0)
+        exact_solver.solve(np.zeros(81, np.int8), max_solutions=0)
 
 
 # ------------------------------------------------------------------------------------------------- generator
@@ -164,7 +164,7 @@ def test_unique_puzzles_have_requested_givens(givens):
     puzzle, solution = generator.generate_puzzle(rng, givens, unique=True)
     assert np.count_nonzero(puzzle) == givens
     assert grid_lib.is_valid_solution(solution) and grid_lib.respects_givens(solution, puzzle)
-    result = solver.solve(puzzle, max_solutions=2)
+    result = exact_solver.solve(puzzle, max_solutions=2)
     assert result.num_solutions == 1
     np.testing.assert_array_equal(result.solutions[0], solution)
 
@@ -172,7 +172,7 @@ def test_unique_puzzles_have_requested_givens(givens):
 def test_non_unique_puzzles_and_generation_errors():
     puzzle, solution = generator.generate_puzzle(np.random.default_rng(5), 20, unique=False)
     assert np.count_nonzero(puzzle) == 20 and grid_lib.respects_givens(solution, puzzle)
-    assert solver.solve(puzzle).num_solutions == 2  # 20 random givens are nowhere near unique
+    assert exact_solver.solve(puzzle).num_solutions == 2  # 20 random givens are nowhere near unique
     with pytest.raises(generator.GenerationError, match="17 givens"):
         generator.generate_puzzle(np.random.default_rng(0), 17, unique=True, max_attempts=1)
     with pytest.raises(ValueError, match="givens must be in"):
@@ -190,7 +190,7 @@ def test_dataset_deterministic_and_independent_of_split(tmp_path, monkeypatch):
     np.testing.assert_array_equal(a["givens"], a["target_givens"])
     assert np.all((a["givens"] >= 24) & (a["givens"] <= 50))
     for p, s in zip(a["puzzles"], a["solutions"]):
-        assert grid_lib.respects_givens(s, p) and solver.is_unique(p)
+        assert grid_lib.respects_givens(s, p) and exact_solver.is_unique(p)
     # Puzzle i depends on (seed, i) only: a prefix of a longer dataset, other chunkings and two worker processes.
     longer = generator.generate_dataset(13, (24, 50), seed=3, num_workers=1, cache_dir=None)
     np.testing.assert_array_equal(longer["puzzles"][:10], a["puzzles"])
@@ -438,7 +438,7 @@ def test_held_out_sets_keep_one_solver_class_and_files_give_seeded_subsets(tmp_p
     from hackable_diffusion.tasks.sudoku.data import GeneratedPuzzles, PuzzleFile
 
     everything = GeneratedPuzzles((22, 26), 16, 9).load(cache_dir=str(tmp_path))
-    classes = solver.solver_class(everything["puzzles"])
+    classes = exact_solver.solver_class(everything["puzzles"])
     assert {"singles", "search"} <= set(classes.tolist())  # the set holds both, so the filter has work to do
     for name in ("singles", "search"):
         kept = GeneratedPuzzles((22, 26), 16, 9, name).load(cache_dir=str(tmp_path))

@@ -15,7 +15,7 @@ from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.sampling.canvas import canvas_logits
 from hackable_diffusion.tasks.sudoku import generator, search, symmetry
 from hackable_diffusion.tasks.sudoku import grids as grid_lib
-from hackable_diffusion.tasks.sudoku.solve import SolverSettings, solve_puzzles
+from hackable_diffusion.tasks.sudoku.inference import SolverSettings, solve_puzzles
 from hackable_diffusion.tasks.sudoku.vocab import FIRST_DIGIT_ID
 
 

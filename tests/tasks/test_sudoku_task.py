@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hackable_diffusion import cli, experiment, pretrained
+from hackable_diffusion import cli, experiment, run_config
+from hackable_diffusion.checkpoints import toolbox
 from hackable_diffusion.data.tokenizers import MASK_ID
-from hackable_diffusion.diffusion import losses
+from hackable_diffusion.diffusion import elbos
 from hackable_diffusion.diffusion.objectives import DiffusionPretrainObjective
 from hackable_diffusion.diffusion.processes import MaskingProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule, UniformTimeSampler
@@ -23,7 +24,7 @@ from hackable_diffusion.tasks.sudoku import generator
 from hackable_diffusion.tasks.sudoku import grids as grid_lib
 from hackable_diffusion.tasks.sudoku.data import GeneratedPuzzles, PuzzleFile
 from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
-from hackable_diffusion.tasks.sudoku.solve import solve_puzzles
+from hackable_diffusion.tasks.sudoku.inference import solve_puzzles
 from hackable_diffusion.tasks.sudoku.vocab import SudokuVocab
 
 
@@ -82,7 +83,7 @@ def test_fixed_positions_are_never_corrupted_and_not_in_the_loss():
     assert bool(jnp.any(xt == MASK_ID))
     logits, _ = T.forward(model, params, xt, causal=False)
     blanks = ~fixed
-    elbo = losses.masking_elbo(logits, tokens, xt, t, process.schedule, MASK_ID, blanks)
+    elbo = elbos.masking_elbo(logits, tokens, xt, t, process.schedule, MASK_ID, blanks)
     expected = jnp.mean(elbo / jnp.sum(blanks, axis=-1))
     np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5)
     bits = jnp.sum(elbo) / jnp.sum(blanks) / np.log(2)
@@ -143,6 +144,7 @@ def test_sudoku_config_builds_a_few_million_parameter_bidirectional_model():
 @pytest.mark.slow
 def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
     from hackable_diffusion import evaluate, train
+    from hackable_diffusion.tasks.sudoku.evaluation import SolvePuzzles, puzzle_set
 
     monkeypatch.setenv("HACKABLE_DIFFUSION_CACHE", str(tmp_path / "cache"))
     workdir = str(tmp_path / "run")
@@ -155,7 +157,7 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
 
     # Solving keeps every given and fills every blank with a digit; the same seed gives the same grids.
     exp = experiment.from_workdir(workdir)
-    params, step = pretrained.load_params(exp, workdir)
+    params, step = toolbox.load_params(exp, workdir)
     assert step == 4
     puzzles = generator.generate_dataset(5, (30, 36), seed=11, cache_dir=None)["puzzles"]
     solved = solve_puzzles(exp, params, puzzles, seed=0, batch_size=5)
@@ -167,9 +169,9 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
     np.testing.assert_array_equal(alone.predictions, solved.predictions[:2])  # batch-independent
 
     # The CLI function on generated held-out puzzles and on a CSV file with a level column.
-    saved = cli.load_saved_config(workdir)
-    metrics = evaluate.sudoku(
-        workdir, GeneratedPuzzles((30, 36), 5, 7), config=cli.override(saved, {"sampler.num_steps": 3})
+    saved = run_config.load_saved_config(workdir)
+    metrics = evaluate.run(
+        workdir, SolvePuzzles(GeneratedPuzzles((30, 36), 5, 7)), config=cli.override(saved, {"sampler.num_steps": 3})
     )
     for key in (
         "accuracy",
@@ -197,32 +199,37 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
         for i, (p, s) in enumerate(zip(data["puzzles"], data["solutions"]))
     ]
     csv.write_text("\n".join(rows) + "\n")
-    by_level = evaluate.sudoku(workdir, PuzzleFile(str(csv)), limit=5)
+    by_level = evaluate.run(workdir, SolvePuzzles(PuzzleFile(str(csv)), limit=5))
     assert by_level["sudoku_count"] == 5
     assert by_level["sudoku_count_level_easy"] == 2 and by_level["sudoku_count_level_hard"] == 3
     assert "accuracy_level_easy" in by_level
 
     assert metrics["dropped_as_in_training"] == 0 and by_level["dropped_as_in_training"] == 0
-    raw = evaluate.sudoku(
+    raw = evaluate.run(
         workdir,
-        GeneratedPuzzles((30, 36), 5, 7),
+        SolvePuzzles(GeneratedPuzzles((30, 36), 5, 7)),
         config=cli.override(saved, {"sampler.num_steps": 3, "solver.restarts": 1}),
         weights="raw",
     )
     assert raw["weights"] == "raw" and raw["solver"]["restarts"] == 1
     assert raw["accuracy"] >= metrics["accuracy"]  # a restart only replaces a grid that breaks a rule
     with pytest.raises(ValueError, match="weights"):
-        evaluate.sudoku(workdir, GeneratedPuzzles((30, 36), 5, 7), weights="average")
+        evaluate.run(workdir, SolvePuzzles(GeneratedPuzzles((30, 36), 5, 7)), weights="average")
     # The same weights with the layer stack applied twice per pass (test-time depth of a looped run): same passes.
-    looped = evaluate.sudoku(
+    looped = evaluate.run(
         workdir,
-        GeneratedPuzzles((30, 36), 5, 7),
+        SolvePuzzles(GeneratedPuzzles((30, 36), 5, 7)),
         config=cli.override(saved, {"sampler.num_steps": 3, "model.depth_loops": 2}),
     )
-    assert (looped["depth_loops"], looped["trained_depth_loops"], metrics["depth_loops"]) == (2, 1, 1)
+    assert (looped["depth_loops"], metrics["depth_loops"]) == (2, 1)
+    assert looped["config_overrides"]["model.depth_loops"] == [1, 2]  # trained with 1 loop, evaluated with 2
     assert looped["max_forward_passes_per_puzzle"] <= 3 and looped["givens_kept"]
     with pytest.raises(ValueError, match="depth_loops"):
-        evaluate.sudoku(workdir, GeneratedPuzzles((30, 36), 5, 7), config=cli.override(saved, {"model.depth_loops": 0}))
+        evaluate.run(
+            workdir,
+            SolvePuzzles(GeneratedPuzzles((30, 36), 5, 7)),
+            config=cli.override(saved, {"model.depth_loops": 0}),
+        )
 
     # The sampler table script: a table of two settings, then one more merged into it.
     import runpy
@@ -284,27 +291,23 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
         zip(data["puzzles"][:3], data["solutions"][:3])
     )
     mixed.write_text("".join("".join(map(str, p)) + "," + "".join(map(str, s)) + "\n" for p, s in pairs))
-    cleaned = evaluate.sudoku(workdir, PuzzleFile(str(mixed)))
+    cleaned = evaluate.run(workdir, SolvePuzzles(PuzzleFile(str(mixed))))
     assert cleaned["dropped_as_in_training"] == 2 and cleaned["sudoku_count"] == 3
 
     with pytest.raises(ValueError, match="training generator seed"):
-        evaluate.sudoku(workdir, GeneratedPuzzles((30, 36), 5, 0))
-    assert evaluate.puzzle_set_from_flags(None, ["30", "36"], 5, 7) == GeneratedPuzzles((30, 36), 5, 7)
-    assert evaluate.puzzle_set_from_flags("p.csv", None, 5, 7) == PuzzleFile("p.csv")
-    assert evaluate.puzzle_set_from_flags(None, ["30", "36"], 5, 7, "search") == GeneratedPuzzles(
-        (30, 36), 5, 7, "search"
-    )
-    assert evaluate.puzzle_set_from_flags("p.csv", None, 5, 7, "all", 3, 2) == PuzzleFile("p.csv", 3, 2)
-    from absl import app
-
+        evaluate.run(workdir, SolvePuzzles(GeneratedPuzzles((30, 36), 5, 0)))
+    assert puzzle_set(None, ["30", "36"], 5, 7) == GeneratedPuzzles((30, 36), 5, 7)
+    assert puzzle_set("p.csv", None, 5, 7) == PuzzleFile("p.csv")
+    assert puzzle_set(None, ["30", "36"], 5, 7, "search") == GeneratedPuzzles((30, 36), 5, 7, "search")
+    assert puzzle_set("p.csv", None, 5, 7, "all", 3, 2) == PuzzleFile("p.csv", 3, 2)
     for args, message in [
         (("p.csv", None, 5, 7, "search"), "--solver_class filters generated"),
         ((None, ["30", "36"], 5, 7, "all", 3), "--subset picks rows"),
         (("p.csv", None, 5, 7, "all", -1), "--subset=-1"),
         ((None, ["30"], 5, 7), "two integers"),
         (("p.csv", ["30", "36"], 5, 7), "either --data"),
-        ((None, None, 5, 7), "needs --data"),
+        ((None, None, 5, 7), "evaluated on --data"),
         ((None, ["30", "90"], 5, 7), "givens must satisfy"),
     ]:
-        with pytest.raises(app.UsageError, match=message):
-            evaluate.puzzle_set_from_flags(*args)
+        with pytest.raises(ValueError, match=message):
+            puzzle_set(*args)

@@ -1,9 +1,9 @@
 """Property-based check (hypothesis) of checkpoints (`training/checkpointing.py`): random trees of leaves round-trip
 bit for bit."""
 
-import pytest
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from _hypothesis_profiles import THOROUGH
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -1,4 +1,5 @@
-"""Checkpoints (`training/checkpointing.py`): a corrupt latest checkpoint falls back to the one before, with a warning."""
+"""Checkpoints (`training/checkpointing.py`): a corrupt latest checkpoint falls back to the one before, with a warning,
+and is moved aside."""
 
 from __future__ import annotations
 
@@ -57,13 +58,16 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path, caplog):
     fresh_it = toy.make_iterator()
     ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"), max_to_keep=3)
     with caplog.at_level(logging.WARNING, logger=checkpointing.logger.name):
-        restored, step = ckpt.restore_latest(checkpointing.abstract_like(state), fresh_it)
+        restored, step = ckpt.restore_latest(checkpointing.abstract_like(state), fresh_it, move_damaged=True)
     assert step == 1 and int(restored.step) == 1
     assert any("checkpoint step 2" in r.getMessage() and "falling back" in r.getMessage() for r in caplog.records)
+    # The damaged step 2 is moved out of orbax's sight (kept, not deleted), with a warning saying where.
+    assert ckpt.all_steps() == [1] and os.listdir(tmp_path / "ckpt_damaged") == ["2"]
+    assert any("moved the damaged checkpoint step 2" in r.getMessage() for r in caplog.records)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), saved[1][0])
     assert restored.params["experts"]["w_in"].sharding == state.params["experts"]["w_in"].sharding
     assert fresh_it.get_state() == saved[1][1]
-    # Training on from step 1 and saving step 2 again replaces the damaged step 2.
+    # Training on from step 1 saves step 2 again.
     next(fresh_it)
     ckpt.save(2, bump(restored), fresh_it)
     ckpt.wait()

@@ -15,7 +15,7 @@ import numpy as np
 from jaxtyping import Bool, Int
 
 from hackable_diffusion.data import text as text_lib
-from hackable_diffusion.tasks.sudoku import csv_io, generator, solver
+from hackable_diffusion.tasks.sudoku import csv_io, generator, exact_solver
 from hackable_diffusion.tasks.sudoku.layouts import layout_of
 from hackable_diffusion.tasks.sudoku.symmetry import RandomSymmetry
 from hackable_diffusion.tasks.sudoku.vocab import SudokuVocab
@@ -162,7 +162,7 @@ class GeneratedPuzzles:
         _, first = np.unique(data["puzzles"], axis=0, return_index=True)
         keep = np.sort(first)
         if self.solver_class:
-            keep = keep[solver.solver_class(data["puzzles"][keep]) == self.solver_class]
+            keep = keep[exact_solver.solver_class(data["puzzles"][keep]) == self.solver_class]
         return {"puzzles": data["puzzles"][keep], "solutions": data["solutions"][keep]}
 
 

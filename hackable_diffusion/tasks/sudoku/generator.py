@@ -23,7 +23,7 @@ import numpy as np
 from jaxtyping import Int
 
 from hackable_diffusion.tasks.sudoku.grids import MIN_UNIQUE_GIVENS, NUM_CELLS, UNITS
-from hackable_diffusion.tasks.sudoku.solver import (  # the solver's bitboards, shared with the carving
+from hackable_diffusion.tasks.sudoku.exact_solver import (  # the solver's bitboards, shared with the carving
     _BIT,
     _BOX_OF,
     _COL_OF,

@@ -19,7 +19,7 @@ from hackable_diffusion.models import presets
 
 def solver_section(**overrides: Any) -> ml_collections.ConfigDict:
     """`config.solver` with `solve.SolverSettings`' defaults (the model alone), updated with `overrides`."""
-    from hackable_diffusion.tasks.sudoku.solve import SolverSettings
+    from hackable_diffusion.tasks.sudoku.inference import SolverSettings
 
     section = dataclasses.asdict(SolverSettings())
     unknown = sorted(set(overrides) - set(section))
@@ -29,7 +29,7 @@ def solver_section(**overrides: Any) -> ml_collections.ConfigDict:
 
 
 def sudoku_model(vocab_size: int = 13, grid_embeddings: int = 9, grid_attention_bias: float = 4.0) -> dict[str, Any]:
-    """About 4.8M parameters, bidirectional, every layer global (81 cells need no sliding window), dense FFN.
+    """4.54M parameters, bidirectional, every layer global (81 cells need no sliding window), dense FFN.
 
     Derived from the 26B-A4B dictionary (qk-norm, softcap, gated-GELU FFN); full RoPE on the global layers (the
     reference rotates a quarter of the global head: with no absolute position embedding, the cell's row/column

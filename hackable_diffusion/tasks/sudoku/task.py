@@ -23,8 +23,8 @@ from hackable_diffusion.tasks.sudoku import layouts
 from hackable_diffusion.tasks.sudoku.grids import respects_givens
 from hackable_diffusion.tasks.sudoku.metrics import sudoku_metrics
 from hackable_diffusion.tasks.sudoku.recipes import upgrade_saved_config
-from hackable_diffusion.tasks.sudoku.solve import SolverSettings, solve_puzzles
-from hackable_diffusion.tasks.sudoku.solver import solver_class
+from hackable_diffusion.tasks.sudoku.inference import SolverSettings, solve_puzzles
+from hackable_diffusion.tasks.sudoku.exact_solver import solver_class
 
 if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment
@@ -71,6 +71,21 @@ class SudokuTask:
             return {k: v for k, v in out.items() if isinstance(v, (int, float))}
 
         return evaluate
+
+    def default_config(self) -> ml_collections.ConfigDict:
+        from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
+
+        return sudoku_config()
+
+    def define_evaluation_flags(self, flag_values) -> None:
+        from hackable_diffusion.tasks.sudoku import evaluation
+
+        evaluation.define_flags(flag_values)
+
+    def evaluation_from_flags(self, flag_values):
+        from hackable_diffusion.tasks.sudoku import evaluation
+
+        return evaluation.from_flags(flag_values)
 
     def report(self, exp: Experiment, params) -> str:
         num = exp.config.eval.num_puzzles or 16

@@ -1,9 +1,9 @@
-"""Prompt -> response canvases for SFT (`data/canvas.py`): layout, EOS at a canvas boundary, truncation, collation."""
+"""Prompt -> response canvases for SFT (`data/sft_canvases.py`): layout, EOS at a canvas boundary, truncation, collation."""
 
 import numpy as np
 import pytest
 
-from hackable_diffusion.data import canvas
+from hackable_diffusion.data import sft_canvases as canvas
 from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 
 

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hackable_diffusion.checkpoints import hf as H
 from hackable_diffusion.data.tokenizers import PretrainedTokenizer
 from hackable_diffusion.diffusion.schedules import LinearSchedule
-from hackable_diffusion.models import hf_convert as H
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.sampling import early_stopping as E
 from hackable_diffusion.sampling import selection as S
@@ -310,9 +310,9 @@ def test_transformers_early_stopping_equals_stable_and_confident(arrays):
 def test_lora_sft_from_a_hugging_face_directory_exports_a_directory_that_loads_back(tmp_path):
     """`sft --init_from hf:DIR`: LoRA with the router frozen, a few steps, the merged weights exported as a Hugging
     Face directory that loads back bit for bit, with the logits of the merged toolbox model."""
-    from hackable_diffusion import sft
+    from hackable_diffusion import recipes, sft
 
-    config = sft.sft_config(
+    config = recipes.sft_config(
         init_kind="hf",
         checkpoint=str(DG),
         lora_rank=2,

@@ -4,7 +4,7 @@ Reads and writes the directory layout `transformers` uses (the config half is `h
 `model-0000k-of-0000N.safetensors` with `model.safetensors.index.json`, `generation_config.json`, tokenizer files.
 Follows `transformers` 5.23's `DiffusionGemmaForBlockDiffusion` and `Gemma4ForCausalLM` (`modeling_diffusion_gemma.py`,
 `modeling_gemma4.py`); the names and layouts below were read from that source and checked against checkpoints it
-saves (`experiments/make_hf_fixtures.py`, `tests/models/test_hf_convert.py`); no code of theirs is used.
+saves (`experiments/make_hf_fixtures.py`, `tests/models/test_hf_checkpoints.py`); no code of theirs is used.
 
 The weight mapping (one row per toolbox leaf) is `hf_mapping.py`'s `RULES`; `mapping_table` prints it.
 
@@ -31,30 +31,34 @@ Deliberate choices
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
 import pathlib
 import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from hackable_diffusion.models.config import TransformerConfig, resolve_dtype
-from hackable_diffusion.models.gemma_convert import _natural_key, flatten_tree, unflatten_tree
-from hackable_diffusion.models.hf_config import (  # noqa: F401  (the config half, re-exported for callers)
+from hackable_diffusion.checkpoints.hf_config import (  # noqa: F401  (the config half, re-exported for callers)
     DIFFUSION_GEMMA,
     GEMMA4_TEXT,
     MINIMAL_VISION_CONFIG,
     MODEL_TYPES,
+    SPECIAL_TOKEN_FIELDS,
     HFModelInfo,
     config_from_hf,
     config_to_hf,
+    generation_config,
     generation_config_from_sampler,
 )
-from hackable_diffusion.models.hf_mapping import RULES, HFRule, _Leaf, mapping_table, plan  # noqa: F401
+from hackable_diffusion.checkpoints.hf_mapping import RULES, HFRule, _Leaf, mapping_table, plan  # noqa: F401
+from hackable_diffusion.checkpoints.trees import flatten_tree, natural_key, unflatten_tree
+from hackable_diffusion.models.config import TransformerConfig, resolve_dtype
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -75,6 +79,16 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
     return (path / CONFIG_FILE).is_file() and ((path / SINGLE_FILE).is_file() or (path / INDEX_FILE).is_file())
 
 
+def read_json(path: pathlib.Path) -> Any:
+    """A JSON file of a checkpoint; a malformed one is a ValueError that names it."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"{path} is not valid JSON ({err}): repair it, or copy or download the checkpoint {path.parent} again."
+        ) from None
+
+
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     path = pathlib.Path(path)
     if not is_hf_directory(path):
@@ -82,28 +96,76 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
             f"{path} is not a Hugging Face checkpoint directory (it needs {CONFIG_FILE} and {SINGLE_FILE} or "
             f"{INDEX_FILE})."
         )
-    return json.loads((path / CONFIG_FILE).read_text())
+    config = read_json(path / CONFIG_FILE)
+    if isinstance(config, dict):
+        return config
+    raise ValueError(
+        f"{path / CONFIG_FILE} holds a JSON {type(config).__name__}, not the object of a Hugging Face config: "
+        f"repair it, or copy or download the checkpoint {path} again."
+    )
+
+
+def read_model_config(path: str | os.PathLike, **kwargs) -> tuple[TransformerConfig, HFModelInfo]:
+    """`config_from_hf` of a checkpoint directory's config.json; an error names the file."""
+    file = pathlib.Path(path) / CONFIG_FILE
+    hf = read_config(path)
+    try:
+        return config_from_hf(hf, **kwargs)
+    except KeyError as err:
+        raise ValueError(
+            f"{file} has no field {err}, which a {hf.get('model_type')} config needs: is it a DiffusionGemma or "
+            "Gemma-4 checkpoint saved by transformers?"
+        ) from None
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{pathlib.Path(path)}: {err}") from None
+
+
+def _corrupt(file: pathlib.Path, err: Exception) -> ValueError:
+    return ValueError(
+        f"{file} is not a readable safetensors file ({err}); it is probably truncated or corrupt: copy or download "
+        f"the checkpoint {file.parent} again."
+    )
+
+
+def _open_weights(file: pathlib.Path):
+    """`safe_open` of one weight file; a missing or unreadable file is an error that names it."""
+    from safetensors import SafetensorError, safe_open
+
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"{file} is missing, though {file.parent / INDEX_FILE} lists it: the checkpoint is incomplete; copy or "
+            "download it again."
+        )
+    try:
+        return safe_open(file, framework="numpy")
+    except SafetensorError as err:
+        raise _corrupt(file, err) from None
 
 
 def weight_files(path: str | os.PathLike) -> dict[str, pathlib.Path]:
     """{tensor name: safetensors file} of a checkpoint directory."""
     path = pathlib.Path(path)
     if (path / INDEX_FILE).is_file():
-        index = json.loads((path / INDEX_FILE).read_text())
-        return {name: path / file for name, file in index["weight_map"].items()}
-    from safetensors import safe_open
-
-    with safe_open(path / SINGLE_FILE, framework="numpy") as f:
+        index = read_json(path / INDEX_FILE)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise ValueError(
+                f"{path / INDEX_FILE} has no weight_map object: repair it, or copy or download the checkpoint again."
+            )
+        files = {name: path / file for name, file in weight_map.items()}
+        for file in sorted(set(files.values())):
+            with _open_weights(file):  # every shard is there and its header reads
+                pass
+        return files
+    with _open_weights(path / SINGLE_FILE) as f:
         return {name: path / SINGLE_FILE for name in f.keys()}
 
 
 def tensor_shapes(files: Mapping[str, pathlib.Path]) -> dict[str, tuple[int, ...]]:
     """{name: shape} from the safetensors headers (no tensor is read)."""
-    from safetensors import safe_open
-
     shapes = {}
     for file in sorted(set(files.values())):
-        with safe_open(file, framework="numpy") as f:
+        with _open_weights(file) as f:
             for name in f.keys():
                 shapes[name] = tuple(f.get_slice(name).get_shape())
     return shapes
@@ -111,10 +173,13 @@ def tensor_shapes(files: Mapping[str, pathlib.Path]) -> dict[str, tuple[int, ...
 
 def read_tensor(files: Mapping[str, pathlib.Path], name: str) -> np.ndarray:
     """One tensor, read and the file closed again (no memory map stays open)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError
 
-    with safe_open(files[name], framework="numpy") as f:
-        return f.get_tensor(name)
+    with _open_weights(files[name]) as f:
+        try:
+            return f.get_tensor(name)
+        except SafetensorError as err:
+            raise _corrupt(files[name], err) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +199,7 @@ def _check_names(
     expected = {stack + name for _, names in mapping_table(cfg, rules) for name in names}
     skipped = [n for n in files if any(part in n for part in SKIPPED_PARTS)]
     text = set(files) - set(skipped)
-    missing = sorted(expected - text, key=_natural_key)
+    missing = sorted(expected - text, key=natural_key)
     if missing:
         raise ValueError(
             f"The checkpoint lacks {len(missing)} text tensor(s) the model needs, first {missing[:3]} (model shape "
@@ -148,13 +213,13 @@ def _check_names(
         copy = next((c for c in copies if name.startswith(c)), None)
         return stack + name[len(copy) :] if copy else name
 
-    unexpected = sorted((n for n in text - expected if twin(n) not in expected), key=_natural_key)
+    unexpected = sorted((n for n in text - expected if twin(n) not in expected), key=natural_key)
     if unexpected and not ignore_unexpected:
         raise ValueError(
             f"The checkpoint holds {len(unexpected)} text tensor(s) the toolbox has no place for, first "
             f"{unexpected[:3]}; pass ignore_unexpected=True to skip them."
         )
-    for name in sorted(text - expected - set(unexpected), key=_natural_key):
+    for name in sorted(text - expected - set(unexpected), key=natural_key):
         same = np.array_equal(read_tensor(files, name).view(np.uint8), read_tensor(files, twin(name)).view(np.uint8))
         if not same:
             raise ValueError(
@@ -217,8 +282,7 @@ def load_hf(
     Without a mesh the parameters are numpy arrays on the host. With a mesh every leaf is a `jax.Array` sharded by
     `logical_axes_fn` (default: `models.partitioning.logical_axes`), each device's slice read straight from the files.
     """
-    hf = read_config(path)
-    cfg, info = config_from_hf(hf, dtype=dtype, dispatch=dispatch, decoder_window=decoder_window)
+    cfg, info = read_model_config(path, dtype=dtype, dispatch=dispatch, decoder_window=decoder_window)
     source = _check_names(cfg, info, weight_files(path), rules, ignore_unexpected)
     target = None if dtype is None else resolve_dtype(dtype)
     leaves = plan(cfg, rules)
@@ -281,6 +345,49 @@ def hf_tensors(cfg: TransformerConfig, params: Any, *, model_type: str = DIFFUSI
                     yield COPY_STACKS[DIFFUSION_GEMMA][0] + name, np.ascontiguousarray(tensor)
 
 
+def check_target(directory: str | os.PathLike, *, overwrite: bool, hint: str = "overwrite=True") -> None:
+    """Refuses to write over something: a path that is not a directory, or (unless `overwrite`) a non-empty one."""
+    directory = pathlib.Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"{directory} exists and is not a directory: choose a new or empty directory.")
+    if not overwrite and directory.is_dir():
+        entries = sorted(p.name for p in directory.iterdir())
+        if entries:
+            shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+            raise ValueError(
+                f"{directory} is not empty (it holds {shown}): pass {hint} to replace it whole, or choose a new or "
+                "empty directory."
+            )
+
+
+@contextlib.contextmanager
+def replacing_directory(directory: str | os.PathLike, *, overwrite: bool = True):
+    """Yields a fresh path beside `directory` (in a hidden `.NAME.partial-*` sibling) to write a whole directory into.
+    When the block succeeds the written directory takes the place of `directory`, which is replaced whole (never
+    mixed with what it held); when it fails, or `directory` is refused by `check_target`, `directory` is left as it
+    was and nothing written stays behind."""
+    directory = pathlib.Path(directory)
+    check_target(directory, overwrite=overwrite)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent))
+    try:
+        written = staging / directory.name
+        yield written
+        if not written.is_dir():
+            raise RuntimeError(f"nothing was written to {written}")
+        old = staging / ".replaced"
+        if directory.is_dir():
+            os.rename(directory, old)
+        try:
+            os.rename(written, directory)
+        except BaseException:
+            if old.is_dir():
+                os.rename(old, directory)
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def save_hf(
     directory: str | os.PathLike,
     cfg: TransformerConfig,
@@ -292,17 +399,51 @@ def save_hf(
     source: str | os.PathLike | None = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
     rules: Sequence[HFRule] = RULES,
+    overwrite: bool = True,
 ) -> pathlib.Path:
     """Writes `(cfg, params)` as a Hugging Face directory that `from_pretrained` (and vLLM) load: config.json,
-    safetensors shards of at most `max_shard_bytes` (with model.safetensors.index.json when there are several) and
-    generation_config.json (the toolbox's sampler defaults, `sampler`, where transformers has a field for them).
+    safetensors shards of at most `max_shard_bytes` (with model.safetensors.index.json when there are several) and,
+    when there is something to say, generation_config.json (`hf_config.generation_config`: the run's sampler settings,
+    `sampler`, where transformers has a field for them, else the source checkpoint's).
 
-    source: the Hugging Face directory the parameters came from; its vision/audio tensors, vision config and tokenizer
-    files are carried over, so that HF -> toolbox -> HF is bit-exact."""
+    source: the Hugging Face directory the parameters came from; its vision/audio tensors, vision config, generation
+    config and tokenizer files are carried over, so that HF -> toolbox -> HF is bit-exact.
+
+    The directory is written beside the target and swapped in at the end (`replacing_directory`): an existing
+    `directory` is replaced whole, and a failure part-way leaves it as it was. overwrite=False refuses a non-empty
+    one."""
+    directory = pathlib.Path(directory)
+    with replacing_directory(directory, overwrite=overwrite) as staging:
+        _write_hf(
+            staging,
+            cfg,
+            params,
+            model_type=model_type,
+            canvas_length=canvas_length,
+            sampler=sampler,
+            source=source,
+            max_shard_bytes=max_shard_bytes,
+            rules=rules,
+        )
+    return directory
+
+
+def _write_hf(
+    directory: pathlib.Path,
+    cfg: TransformerConfig,
+    params: Any,
+    *,
+    model_type: str,
+    canvas_length: int,
+    sampler: Mapping[str, Any] | None,
+    source: str | os.PathLike | None,
+    max_shard_bytes: int,
+    rules: Sequence[HFRule],
+) -> None:
+    """save_hf's writing, into a new directory."""
     from safetensors.numpy import save_file
 
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True)
     source_config = read_config(source) if source is not None else {}
     hf = config_to_hf(
         cfg,
@@ -314,7 +455,7 @@ def save_hf(
     if source is not None:
         files = weight_files(source)
         extra = [n for n in files if any(part in n for part in SKIPPED_PARTS)]
-        tensors = _chain(tensors, ((name, read_tensor(files, name)) for name in sorted(extra, key=_natural_key)))
+        tensors = _chain(tensors, ((name, read_tensor(files, name)) for name in sorted(extra, key=natural_key)))
 
     shards, current, size = [], {}, 0
     for name, tensor in tensors:
@@ -323,9 +464,6 @@ def save_hf(
             current, size = {}, 0
         current[name], size = tensor, size + tensor.nbytes
     shards.append(_write_shard(directory, len(shards), current, save_file))
-    for old in list(directory.glob("model*.safetensors")) + [directory / INDEX_FILE]:
-        if old.is_file() and old.name not in {s[0] for s in shards}:
-            old.unlink()
     total = sum(sum(sizes.values()) for _, sizes in shards)
     if len(shards) == 1:
         (directory / shards[0][0]).rename(directory / SINGLE_FILE)
@@ -338,13 +476,22 @@ def save_hf(
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     (directory / CONFIG_FILE).write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-    generation = generation_config_from_sampler(sampler or {}) if model_type == DIFFUSION_GEMMA else {}
-    (directory / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    source_generation = None
+    if source is not None and (pathlib.Path(source) / GENERATION_CONFIG_FILE).is_file():
+        source_generation = read_json(pathlib.Path(source) / GENERATION_CONFIG_FILE)
+    generation = generation_config(
+        model_type,
+        sampler=sampler,
+        source=source_generation if isinstance(source_generation, dict) else None,
+        source_model_type=source_config.get("model_type"),
+        special_tokens={k: hf[k] for k in SPECIAL_TOKEN_FIELDS if k in hf},
+    )
+    if generation:
+        (directory / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
     if source is not None:
         for name in TOKENIZER_FILES:
             if (pathlib.Path(source) / name).is_file():
                 shutil.copyfile(pathlib.Path(source) / name, directory / name)
-    return directory
 
 
 def _chain(*iterables):
@@ -356,7 +503,14 @@ def _write_shard(directory: pathlib.Path, index: int, tensors: dict[str, np.ndar
     """Writes one shard under a temporary name; returns (that name, {tensor name: bytes})."""
     name = f".shard-{index:05d}.safetensors"
     save_file(tensors, str(directory / name), metadata={"format": "pt"})
+    os.chmod(directory / name, 0o666 & ~_umask())  # safetensors creates its files owner-only (0600)
     return name, {n: t.nbytes for n, t in tensors.items()}
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

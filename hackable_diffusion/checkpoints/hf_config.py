@@ -4,7 +4,7 @@
 Follows the config classes of `transformers` 5.23 (`configuration_diffusion_gemma.py`, `configuration_gemma4.py`).
 Config fields the toolbox cannot express (another activation, attention bias, per-layer input embeddings, KV sharing,
 double-wide MLPs, a dense Gemma-4 block without experts, untied embeddings, bidirectional text attention, RoPE
-scaling) are refused by name, never dropped. The weights are `hf_convert.py`'s.
+scaling) are refused by name, never dropped. The weights are `hf_ckpt.py`'s.
 """
 
 from __future__ import annotations
@@ -309,3 +309,43 @@ def generation_config_from_sampler(sampler: Mapping[str, Any]) -> dict[str, Any]
     if sampler.get("early_stopping", "diffusiongemma") == "diffusiongemma":
         out["stability_threshold"], out["confidence_threshold"] = 1, 0.005
     return out
+
+
+SPECIAL_TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def generation_config(
+    model_type: str,
+    *,
+    sampler: Mapping[str, Any] | None = None,
+    source: Mapping[str, Any] | None = None,
+    source_model_type: str | None = None,
+    special_tokens: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """The `generation_config.json` of an exported checkpoint, or None when there is nothing to say (then no file is
+    written; transformers falls back to its defaults and the config's token ids).
+
+    sampler: the run's `config.sampler` (a toolbox run or an SFT export); source: the source checkpoint's own
+    generation_config.json (a Hugging Face -> Hugging Face conversion), used when there is no sampler and the source
+    is of the same family. DiffusionGemma: `generation_config_from_sampler` of the run's sampler, else the source's
+    set fields over the toolbox's defaults (which are the reference's). Gemma-4: the run's autoregressive sampling
+    (`sampler.ar_temperature`: greedy at 0, else pure temperature sampling, top-k off) with the special token ids, else
+    the source's file as it is, else None."""
+    if model_type == DIFFUSION_GEMMA:
+        if sampler is not None:
+            return generation_config_from_sampler(sampler)
+        out = generation_config_from_sampler({})
+        if source and source_model_type == DIFFUSION_GEMMA:
+            out.update({k: v for k, v in source.items() if v is not None and k != "transformers_version"})
+        return out
+    if sampler is not None and sampler.get("ar_temperature") is not None:
+        temperature = float(sampler["ar_temperature"])
+        out = dict(special_tokens or {})
+        if temperature > 0:
+            out.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        else:
+            out.update(do_sample=False)
+        return out
+    if source and source_model_type in ("gemma4", GEMMA4_TEXT):
+        return dict(source)
+    return None

@@ -8,7 +8,7 @@ enumeration:
 * masking (MaskingProcess, vocabulary {0, 1, 2, mask=3}): at each masked position, p(x_i | unmasked tokens of x_t);
 * uniform (UniformProcess, N = 3): p(x0_i | x_t) under the data distribution and the corruption at time t.
 
-With exact models the continuous-time ELBO (losses.py) of both processes equals the NLL up to O(eps) endpoint terms:
+With exact models the continuous-time ELBO (elbos.py) of both processes equals the NLL up to O(eps) endpoint terms:
 masking diffusion is an any-order autoregressive model, and for uniform noise the per-position posterior gives the
 exact reverse jump rates. Monte Carlo over x0 ~ p, t ~ U[0, 1] (i.i.d., so the standard error is the plain one),
 x_t ~ q(x_t | x0, t); each sample's bound = diffusion integrand at t + reconstruction at t = 0 + prior KL. All numbers
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hackable_diffusion.diffusion import losses
+from hackable_diffusion.diffusion import elbos
 from hackable_diffusion.diffusion.processes import MaskingProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import UniformTimeSampler, make_schedule
 
@@ -104,20 +104,20 @@ def _bits_per_sample(key, p, table, masking, uniform, batch):
     xt, _ = masking.corrupt(k_mt, x0, t)
     x_clean, _ = masking.corrupt(k_m0, x0, t0)
     masking_nats = (
-        losses.masking_elbo(table[_xt_index(xt)], x0, xt, t, masking.schedule, MASK_ID)
-        + losses.reconstruction_nll(table[_xt_index(x_clean)], x0, x_clean, masking)
-        + losses.prior_kl(x0, masking)
+        elbos.masking_elbo(table[_xt_index(xt)], x0, xt, t, masking.schedule, MASK_ID)
+        + elbos.reconstruction_nll(table[_xt_index(x_clean)], x0, x_clean, masking)
+        + elbos.prior_kl(x0, masking)
     )
 
     xt, _ = uniform.corrupt(k_ut, x0, t)
     x_clean, _ = uniform.corrupt(k_u0, x0, t0)
     alpha = uniform.schedule.alpha(t)
     uniform_nats = (
-        losses.uniform_elbo(uniform_model_logits(p, xt, alpha), x0, xt, t, uniform.schedule, uniform.allowed_vocab())
-        + losses.reconstruction_nll(uniform_model_logits(p, x_clean, uniform.schedule.alpha(t0)), x0, x_clean, uniform)
-        + losses.prior_kl(x0, uniform)
+        elbos.uniform_elbo(uniform_model_logits(p, xt, alpha), x0, xt, t, uniform.schedule, uniform.allowed_vocab())
+        + elbos.reconstruction_nll(uniform_model_logits(p, x_clean, uniform.schedule.alpha(t0)), x0, x_clean, uniform)
+        + elbos.prior_kl(x0, uniform)
     )
-    return losses.nats_to_bits(masking_nats), losses.nats_to_bits(uniform_nats)
+    return elbos.nats_to_bits(masking_nats), elbos.nats_to_bits(uniform_nats)
 
 
 def _gauss_legendre_nodes(points_per_panel: int = 8) -> tuple[np.ndarray, np.ndarray]:
@@ -157,16 +157,16 @@ def exact_elbo_bits(p_np: np.ndarray, table: jax.Array, masking: MaskingProcess,
         return jnp.sum(jnp.where(weight > 0, weight * loss_fn(x0, xt, t), 0.0))
 
     def masking_loss(x0, xt, t):
-        return losses.masking_elbo(table[_xt_index(xt)], x0, xt, t, masking.schedule, MASK_ID)
+        return elbos.masking_elbo(table[_xt_index(xt)], x0, xt, t, masking.schedule, MASK_ID)
 
     def masking_recon(x0, xt, t):
-        return losses.reconstruction_nll(table[_xt_index(xt)], x0, xt, masking)
+        return elbos.reconstruction_nll(table[_xt_index(xt)], x0, xt, masking)
 
     def uniform_loss(x0, xt, t):
-        return losses.uniform_elbo(uniform_logits(t), x0, xt, t, uniform.schedule, uniform.allowed_vocab())
+        return elbos.uniform_elbo(uniform_logits(t), x0, xt, t, uniform.schedule, uniform.allowed_vocab())
 
     def uniform_recon(x0, xt, t):
-        return losses.reconstruction_nll(uniform_logits(t), x0, xt, uniform)
+        return elbos.reconstruction_nll(uniform_logits(t), x0, xt, uniform)
 
     result = {}
     for name, process, loss_fn, recon_fn, num_states in [
@@ -180,7 +180,7 @@ def exact_elbo_bits(p_np: np.ndarray, table: jax.Array, masking: MaskingProcess,
         )
         diffusion = float(np.dot(weights, np.asarray(at(jnp.asarray(nodes, jnp.float32), loss_fn), np.float64)))
         recon = float(at(jnp.zeros((1,), jnp.float32), recon_fn)[0])
-        prior = float(jnp.sum(p * losses.prior_kl(jnp.asarray(ALL_SEQUENCES), process)))
+        prior = float(jnp.sum(p * elbos.prior_kl(jnp.asarray(ALL_SEQUENCES), process)))
         result[name] = (diffusion + recon + prior) / math.log(2)
     return result
 

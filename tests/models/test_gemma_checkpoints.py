@@ -6,7 +6,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from hackable_diffusion.models import gemma_convert as gc
+from hackable_diffusion.checkpoints import gemma as gc
 from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
@@ -187,15 +187,16 @@ def test_full_size_shapes_match_the_reference():
 
 
 def test_converted_gemma_tree_is_an_sft_start(cfg, gemma_tree, tmp_path):
-    from hackable_diffusion import pretrained, sft
+    from hackable_diffusion import recipes
+    from hackable_diffusion.checkpoints import base_weights
     from hackable_diffusion.data.tokenizers import CharTokenizer
 
     directory = str(tmp_path / "gemma")
     ocp.PyTreeCheckpointer().save(directory, gemma_tree)
     CharTokenizer.fit("abcdefgh \n").save(tmp_path / "tokenizer")
-    config = sft.sft_config(model=presets.tiny(), init_kind="gemma", checkpoint=directory)
+    config = recipes.sft_config(model=presets.tiny(), init_kind="gemma", checkpoint=directory)
     config.model.update(self_conditioning=True, num_layers=4)
     config.init.tokenizer_dir = str(tmp_path / "tokenizer")
-    base = pretrained.load_base(config)
+    base = base_weights.load_base(config)
     assert base.model.cfg == cfg and base.tokenizer.vocab_size == 14
     _assert_trees_identical(gc.to_gemma(base.params, cfg), gemma_tree)

@@ -1,4 +1,4 @@
-"""The solver loop (`tasks/sudoku/solve.py`): repairs re-decode only rule-breaking rows, restarts never make a row worse
+"""The solver loop (`tasks/sudoku/inference.py`): repairs re-decode only rule-breaking rows, restarts never make a row worse
 and respect the pass budget, parallel attempts keep the best copy and count every pass."""
 
 import jax
@@ -10,7 +10,7 @@ from _tiny_sudoku import tiny_sudoku_config as _tiny
 from hackable_diffusion import cli, experiment
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.tasks.sudoku import grids as grid_lib
-from hackable_diffusion.tasks.sudoku.solve import SolverSettings, restart_config, solve_puzzles
+from hackable_diffusion.tasks.sudoku.inference import SolverSettings, restart_config, solve_puzzles
 from hackable_diffusion.tasks.sudoku.symmetry import grid_symmetries
 from hackable_diffusion.tasks.sudoku.task import evaluate_puzzles
 

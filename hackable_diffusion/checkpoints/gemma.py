@@ -79,7 +79,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import pathlib
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -89,6 +88,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from hackable_diffusion.checkpoints.trees import flatten_tree, natural_key, tree_metadata, unflatten_tree  # noqa: F401
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig, resolve_dtype
 
@@ -172,38 +172,6 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Tree helpers.
-
-
-def flatten_tree(tree: Mapping[str, Any], sep: str = "/") -> dict[str, Any]:
-    """{'a/b/c': leaf} from a nested mapping (a flat mapping with '/'-joined keys passes through)."""
-    flat: dict[str, Any] = {}
-
-    def walk(node, prefix):
-        for key, value in node.items():
-            path = f"{prefix}{sep}{key}" if prefix else str(key)
-            if isinstance(value, Mapping):
-                walk(value, path)
-            elif value is not None:
-                flat[path] = value
-
-    walk(tree, "")
-    return flat
-
-
-def unflatten_tree(flat: Mapping[str, Any], sep: str = "/") -> dict[str, Any]:
-    """Nested dict from {'a/b/c': leaf}."""
-    tree: dict[str, Any] = {}
-    for path, value in flat.items():
-        node = tree
-        *parents, leaf = path.split(sep)
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return tree
-
-
 def _unwrap(tree: Mapping[str, Any]) -> Mapping[str, Any]:
     while isinstance(tree, Mapping) and len(tree) == 1 and next(iter(tree)) in WRAPPER_KEYS:
         tree = tree[next(iter(tree))]
@@ -245,7 +213,7 @@ def _rule_for(path: str, rules: Sequence[Rule]) -> tuple[Rule, int | None]:
             return rule, None
     raise ValueError(
         f"No conversion rule for the toolbox parameter {path!r}; add a Rule for it to "
-        "hackable_diffusion/models/gemma_convert.py RULES (or pass rules=)."
+        "hackable_diffusion/checkpoints/gemma.py RULES (or pass rules=)."
     )
 
 
@@ -258,10 +226,6 @@ class _Entry:
     rule: Rule
     shape: tuple[int, ...]
     dtype: Any
-
-
-def _natural_key(path: str) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
 def _plan(cfg: TransformerConfig, rules: Sequence[Rule]) -> tuple[dict[str, _Entry], dict[str, jax.ShapeDtypeStruct]]:
@@ -290,7 +254,7 @@ def _plan_cached(cfg: TransformerConfig, rules: tuple[Rule, ...]):
                     f"({plan[gemma_path].toolbox_path!r} and {path!r}); fix RULES."
                 )
             plan[gemma_path] = _Entry(path, group, rule, tuple(out.shape), out.dtype)
-    return {p: plan[p] for p in sorted(plan, key=_natural_key)}, shapes
+    return {p: plan[p] for p in sorted(plan, key=natural_key)}, shapes
 
 
 def gemma_shapes(cfg: TransformerConfig, rules: Sequence[Rule] = RULES) -> dict[str, jax.ShapeDtypeStruct]:
@@ -431,16 +395,6 @@ def from_gemma(
 
 # ----------------------------------------------------------------------------------------------------------------
 # Orbax checkpoint directories.
-
-
-def tree_metadata(directory: str | os.PathLike) -> dict[str, Any]:
-    """The nested tree of array metadata (shape, dtype) of an orbax PyTree item directory, without reading arrays.
-
-    Read through the PyTree handler, so it also works for an item inside a CheckpointManager step (e.g.
-    `checkpoints/300/state`), which has no item-level `_CHECKPOINT_METADATA` file.
-    """
-    metadata = ocp.PyTreeCheckpointHandler().metadata(pathlib.Path(os.path.abspath(os.fspath(directory))))
-    return getattr(metadata, "tree", metadata)
 
 
 def load_gemma_checkpoint(

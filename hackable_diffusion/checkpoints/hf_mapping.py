@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from hackable_diffusion.checkpoints.gemma import toolbox_shapes
 from hackable_diffusion.models.config import TransformerConfig
-from hackable_diffusion.models.gemma_convert import toolbox_shapes
 
 # ----------------------------------------------------------------------------------------------------------------
 # The weight mapping.
@@ -210,7 +210,7 @@ def plan(cfg: TransformerConfig, rules: Sequence[HFRule] = RULES) -> list[_Leaf]
         found = [(rule, match) for rule, match in found if match]
         if len(found) != 1:
             raise ValueError(
-                f"{len(found)} rules of hackable_diffusion/models/hf_convert.py RULES match the toolbox parameter "
+                f"{len(found)} rules of hackable_diffusion/checkpoints/hf.py RULES match the toolbox parameter "
                 f"{path!r}; exactly one must."
             )
         rule, match = found[0]

@@ -1,0 +1,14 @@
+"""Every checkpoint format and how weights get into a run.
+
+| module | what it reads and writes |
+|---|---|
+| `trees` | flat `{"a/b/c": leaf}` views of nested parameter trees, orbax tree metadata |
+| `gemma` | the gemma library's Gemma-4 / DiffusionGemma parameter tree (orbax directories) |
+| `hf`, `hf_config`, `hf_mapping` | Hugging Face directories (safetensors, config.json, generation_config.json) of transformers' DiffusionGemma and Gemma-4 |
+| `toolbox` | the toolbox's own runs (orbax train-state steps) and bare params directories |
+| `quantized_runs` | runs quantized to FP8 by `python -m hackable_diffusion.quantize` |
+| `hf_runs` | a Hugging Face directory used as a run (`--workdir hf:DIR`) |
+| `base_weights` | the weights a fine-tuning run starts from, as `config.init` names them |
+
+`models/` holds the network alone; nothing there reads or writes files.
+"""

@@ -1,0 +1,141 @@
+"""The toolbox's own checkpoints: a training run's orbax steps and the params directories fine-tuning writes.
+
+`load_params(exp, workdir)` reads a run's latest (or a given) step onto one device, the EMA weights when the run kept
+them; it is the one call every command uses, so a run quantized to FP8 (`quantized_runs`) or made from a Hugging Face
+checkpoint (`hf_runs`) is read from where its weights really are. `load_toolbox_params` reads one params subtree of a
+step as numpy arrays without building the train state (what fine-tuning starts from); `save_params` /
+`load_params_directory` write and read a bare params tree (the `fused_params` of an SFT run).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from hackable_diffusion import builders
+from hackable_diffusion.checkpoints.trees import tree_metadata
+from hackable_diffusion.models import lora as lora_lib
+from hackable_diffusion.models import transformer as T
+
+PyTree = Any
+FUSED_DIR = "fused_params"  # the fused weights an SFT run writes (init kind "params" reads them)
+
+if TYPE_CHECKING:
+    from hackable_diffusion.experiment import Experiment
+
+
+def load_params(exp: Experiment, workdir: str, *, use_ema: bool = True, step: int | None = None):
+    """Parameters of the latest (or given) checkpoint in `workdir/checkpoints`, on the default device.
+
+    Returns (params, step). The EMA parameters are used when the run kept them and `use_ema`.
+    """
+    from hackable_diffusion.training import checkpointing, optimizers
+    from hackable_diffusion.training.train_state import TrainState
+
+    config = exp.config
+    if exp.model.cfg.weight_dtype == "float8_e4m3fn":  # a run written by `python -m hackable_diffusion.quantize`
+        from hackable_diffusion.checkpoints import quantized_runs
+
+        return quantized_runs.load_quantized_run(workdir)
+    if config.get("init", {}).get("kind") == "hf":  # a run made from a Hugging Face checkpoint: its weights
+        from hackable_diffusion.checkpoints import hf as hf_ckpt
+
+        return hf_ckpt.load_hf(config.init.checkpoint, dtype=exp.model.cfg.param_dtype).params, 0
+    optimizer = optimizers.make_optimizer(builders.optimizer_config(config))
+    with_ema = config.train.ema_decay > 0
+
+    def create():
+        params = T.init_params(exp.model, jax.random.key(0))
+        return TrainState.create(params, optimizer, jax.random.key(0), use_ema=with_ema)
+
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), jax.eval_shape(create))
+    ckpt = checkpointing.Checkpointer(str(pathlib.Path(workdir) / "checkpoints"), async_save=False)
+    try:
+        if step is None:
+            restored = ckpt.restore_latest(abstract)
+            if restored is None:
+                raise FileNotFoundError(
+                    f"No checkpoint in {workdir}/checkpoints: train first with python -m "
+                    f"hackable_diffusion.train --config ... --workdir {workdir}."
+                )
+            state, step = restored
+        else:
+            state = ckpt.restore(step, abstract)
+    finally:
+        ckpt.close()
+    params = state.ema_params if (use_ema and state.ema_params is not None) else state.params
+    return params, int(step)
+
+
+def _step_dirs(checkpoints: pathlib.Path) -> list[int]:
+    if not checkpoints.is_dir():
+        return []
+    return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit() and (p / "state").is_dir())
+
+
+def load_toolbox_params(
+    path: str | os.PathLike, *, use_ema: bool = True, step: int | None = None
+) -> tuple[PyTree, int]:
+    """(params as numpy arrays, step) of a toolbox run's checkpoint (the EMA params if `use_ema` and kept).
+
+    `path` is a training workdir or its `checkpoints/` folder; `step=None` takes the latest complete step.
+    """
+    path = pathlib.Path(path)
+    checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    steps = _step_dirs(checkpoints)
+    if not steps:
+        raise ValueError(
+            f"No toolbox checkpoint in {str(path)!r} (looked for step folders with a 'state' item in "
+            f"{str(checkpoints)!r}); train with hackable_diffusion.train first or fix init.checkpoint."
+        )
+    step = steps[-1] if step is None else int(step)
+    if step not in steps:
+        raise ValueError(f"Checkpoint step {step} not found in {str(checkpoints)!r}; available: {steps}.")
+    item = (checkpoints / str(step) / "state").absolute()
+    checkpointer = ocp.PyTreeCheckpointer()
+    metadata = tree_metadata(item)
+    key = "ema_params" if use_ema and metadata.get("ema_params") else "params"
+    if isinstance(metadata[key], Mapping) and set(metadata[key]) == {lora_lib.BASE_KEY, lora_lib.LORA_KEY}:
+        raise ValueError(
+            f"{str(path)!r} is a LoRA fine-tuning run (its params are {{'base', 'lora'}}); start from "
+            f"its fused weights instead: init.kind='params', init.checkpoint='{path}/{FUSED_DIR}'."
+        )
+    subtree = {key: metadata[key]}
+    restored = checkpointer.restore(
+        item,
+        args=ocp.args.PyTreeRestore(
+            item=jax.tree.map(lambda m: np.empty(m.shape, m.dtype), subtree),
+            restore_args=jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), subtree),
+            partial_restore=True,
+        ),
+    )
+    return restored[key], step
+
+
+def save_params(params: PyTree, directory: str | os.PathLike) -> str:
+    """Writes a params pytree with orbax (StandardCheckpointer), replacing an existing directory."""
+    directory = os.path.abspath(os.fspath(directory))
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(directory, params, force=True)
+    checkpointer.wait_until_finished()
+    return directory
+
+
+def load_params_directory(directory: str | os.PathLike) -> PyTree:
+    """Reads a params pytree written by `save_params` (numpy arrays, on the host)."""
+    directory = os.path.abspath(os.fspath(directory))
+    checkpointer = ocp.PyTreeCheckpointer()
+    metadata = tree_metadata(directory)
+    return checkpointer.restore(
+        directory,
+        args=ocp.args.PyTreeRestore(
+            restore_args=jax.tree.map(lambda m: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+        ),
+    )

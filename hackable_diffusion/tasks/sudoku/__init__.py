@@ -1,0 +1,12 @@
+"""The Sudoku task: DiffusionGemma's puzzle benchmark as a task of the toolbox.
+
+| module | what it holds |
+|---|---|
+| `task` | the `Task` the experiment asks for data, evaluation and reports |
+| `recipes` | the config builders of the Sudoku runs and their `config.solver` section |
+| `vocab`, `layouts`, `csv_io`, `data` | tokens, sequence layouts, puzzle files, the cached training data |
+| `generator`, `exact_solver` | seeded unique-solution puzzles and the exact (rules + depth-first) solver |
+| `grids`, `rules`, `symmetry` | grid helpers, the rules as a logit constraint, the symmetry views |
+| `inference`, `search` | the model's solver loop (sampler, repairs, restarts) and the model-steered backtracking search |
+| `metrics` | DiffusionGemma's Sudoku metrics |
+"""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -97,7 +98,7 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: 
         loss_fn, axes_fn = exp.objective, partitioning.logical_axes
         mask = lora_lib.router_frozen_mask if config.lora.get("freeze_router", False) else None
     else:
-        init_fn = lambda key: {lora_lib.BASE_KEY: jax.tree.map(jnp.asarray, base_params), lora_lib.LORA_KEY: adapter.init(base_params, key)}  # noqa: E501, E731
+        init_fn = functools.partial(lora_lib.init_state, adapter, base_params)
         loss_fn = lora_lib.lora_loss_fn(adapter, exp.objective)
         mask, axes_fn = lora_lib.trainable_mask, lora_lib.logical_axes
     s = config.sft

@@ -326,6 +326,11 @@ def num_params(lora: PyTree) -> int:
 # Training integration: state params {"base": ..., "lora": ...}.
 
 
+def init_state(adapter: LoRA, base: PyTree, key: jax.Array) -> dict[str, PyTree]:
+    """The params a LoRA run trains: `{"base": the frozen base as arrays, "lora": fresh adapters}`."""
+    return {BASE_KEY: jax.tree.map(jnp.asarray, base), LORA_KEY: adapter.init(base, key)}
+
+
 def lora_loss_fn(adapter: LoRA, loss_fn: Callable[..., Any]) -> Callable[..., Any]:
     """`loss(state_params, batch, key)` = `loss_fn(adapter.merge(base, lora), batch, key)` for
     `state_params = {"base": base, "lora": lora}`."""

@@ -4,41 +4,21 @@ written; `--overwrite` replaces a target whole, and a write that fails part-way 
 generation_config.json an export writes (never an empty one)."""
 
 import json
-import os
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import pytest
+from _commands import REPO, one_error_line, run_module
 
 from hackable_diffusion.checkpoints import hf as H
 from hackable_diffusion.checkpoints import hf_config
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 DG, G4 = FIXTURES / "hf_diffusiongemma", FIXTURES / "hf_gemma4"
 
 
 def convert(*args):
-    env = {k: v for k, v in os.environ.items() if k != "HD_TRACEBACK"}
-    return subprocess.run(
-        [sys.executable, "-m", "hackable_diffusion.convert", *map(str, args)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
-
-
-def one_error_line(out) -> str:
-    assert out.returncode == 2, out.stderr[-3000:]
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
-    assert "Traceback" not in out.stderr
-    return lines[0]
+    return run_module("hackable_diffusion.convert", *args)
 
 
 def snapshot(directory: pathlib.Path) -> dict[str, bytes]:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from _commands import run_module
 from _tiny_configs import tiny_text_config
 
 from hackable_diffusion import cli, recipes, run_config
@@ -58,10 +59,9 @@ def test_train_resume_sample_and_evaluate(trained_text_runs, tmp_path, capsys):
     from _tiny_configs import TRAIN_OUTPUT
 
     from hackable_diffusion import evaluate, experiment, train
-
-    from hackable_diffusion.tasks.text_evaluation import Likelihood
     from hackable_diffusion.checkpoints import toolbox
     from hackable_diffusion.tasks import text
+    from hackable_diffusion.tasks.text_evaluation import Likelihood
 
     process = "uniform"
     trained = trained_text_runs[process]  # tiny_text_config(process, steps=6), trained once per test run
@@ -146,12 +146,8 @@ def test_saved_configs_from_older_runs_get_new_sampler_keys(tmp_path):
     assert loaded.sampler.num_steps == 7
 
 
-def _command(*args, env=None):
-    import os
-
-    return subprocess.run(
-        [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, env=dict(os.environ, **(env or {}))
-    )
+def _command(module, *args, env=None):
+    return run_module(module, *args, env=env)
 
 
 @pytest.mark.parametrize("command", ["train", "sample", "evaluate", "sft", "convert"])

@@ -2,55 +2,39 @@
 `error:` line and exit status 2 before lm-eval loads a model or a dataset; the checks behind it
 (`lm_eval_adapter.check_model_args`, `harness.check_tasks`)."""
 
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("lm_eval")
 
+from _commands import REPO, one_error_line, run_module
+
 from hackable_diffusion import cli
 from hackable_diffusion.evals import harness, lm_eval_adapter
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 G4 = REPO / "tests" / "fixtures" / "hf_gemma4"
 
 
 def run_harness(*args, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "HD_TRACEBACK"}
-    env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HACKABLE_DIFFUSION_CACHE=str(tmp_path / "cache"))
-    return subprocess.run(
-        [sys.executable, "-m", "hackable_diffusion.evals.harness", "--model", "hackable_diffusion", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
+    offline = dict(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HACKABLE_DIFFUSION_CACHE=str(tmp_path / "cache"))
+    return run_module("hackable_diffusion.evals.harness", "--model", "hackable_diffusion", *args, env=offline)
 
 
-def one_error_line(out) -> str:
-    assert out.returncode == 2, out.stderr[-3000:]
-    lines = [line for line in out.stderr.strip().splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1 and out.stderr.strip().splitlines()[-1] == lines[0], out.stderr[-3000:]
-    assert "Traceback" not in out.stderr
-    return lines[0]
+def harness_error_line(out) -> str:
+    return one_error_line(out, alone=False)  # lm-eval may log before the error
 
 
 def test_a_missing_workdir_is_one_error_line_before_anything_loads(tmp_path):
     missing = tmp_path / "runs" / "nonexistent"
     out = run_harness("--model_args", f"workdir={missing}", "--tasks", "hd_shakespeare_next_line", tmp_path=tmp_path)
-    line = one_error_line(out)
+    line = harness_error_line(out)
     assert f"workdir={missing}: no such directory" in line and "hf:DIR" in line
 
 
 @pytest.mark.slow  # builds lm-eval's index of its ~15,000 tasks (about 10 s)
 def test_an_unknown_task_is_one_error_line_naming_it(tmp_path):
     out = run_harness("--model_args", f"workdir=hf:{G4}", "--tasks", "hd_shakespeare_next_lines", tmp_path=tmp_path)
-    line = one_error_line(out)
+    line = harness_error_line(out)
     assert "--tasks hd_shakespeare_next_lines" in line and "hd_shakespeare_next_line" in line and "ls tasks" in line
     assert not (tmp_path / "cache").exists()  # refused before the model was touched
 

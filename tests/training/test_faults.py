@@ -13,13 +13,12 @@ import hashlib
 import logging
 import os
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _commands import run_module
 from _training_helpers import _mesh, _run_toy_loop
 
 from hackable_diffusion.data import disk_space, text
@@ -72,14 +71,8 @@ def get_config():
 
 
 def _train_command(config_file, workdir, *overrides):
-    return subprocess.run(
-        [sys.executable, "-m", "hackable_diffusion.train", f"--config={config_file}", f"--workdir={workdir}"]
-        + ["--sample_at_end=false", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-    )
+    args = [f"--config={config_file}", f"--workdir={workdir}", "--sample_at_end=false", *overrides]
+    return run_module("hackable_diffusion.train", *args, timeout=240)
 
 
 @pytest.mark.slow

@@ -202,7 +202,7 @@ def measure_trained(args, repeats: int) -> float:
             "canvas": sampler.canvas_length,
             "sampler": f"{builders.build_selection(dif.config.sampler.selection)}, temperature "
             f"{dif.config.sampler.max_temperature}->{dif.config.sampler.min_temperature}, early stopping "
-            f"{dif.config.sampler.early_stopping}, <= {sampler.num_steps} steps",
+            f"{dif.config.sampler.early_stopping.rule}, <= {sampler.num_steps} steps",
             "steps_per_canvas": mean_steps,
             "diffusion_tokens_per_s": new / d_s,
             "ar_tokens_per_s": new / a_s,
@@ -250,7 +250,7 @@ def main():
         default="gumbel_max",
         choices=sorted(DRAWS),
         help="how the random-weight sizes' sampler draws candidates (sampling/draws.py); a trained run uses its own "
-        "config.sampler.draw (--config.sampler.draw=...)",
+        "config.sampler.draw (--config.sampler.draw.rule=...)",
     )
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--large_batches", default="", help="batches for the large sizes (default: --batches)")

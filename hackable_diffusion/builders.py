@@ -24,8 +24,8 @@ from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.sampling.canvas import DiffusionSampler
 from hackable_diffusion.sampling.constraints import LogitConstraint
-from hackable_diffusion.sampling.draws import make_draw
-from hackable_diffusion.sampling.early_stopping import make_early_stopping
+from hackable_diffusion.sampling.draws import BlockedInverseCdf, GumbelMax, make_draw
+from hackable_diffusion.sampling.early_stopping import EarlyStopping, make_early_stopping
 from hackable_diffusion.sampling.selection import SelectionRule, make_selection
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
 from hackable_diffusion.sampling.views import PermutationViews
@@ -94,11 +94,24 @@ def _interval(d: ml_collections.ConfigDict) -> dict[str, float]:
     return dict(t_min=d.t_min, t_max=d.t_max)
 
 
+def _set_arguments(section: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The arguments of a rule section that are set (None: the rule's own default)."""
+    return {k: v for k, v in section.items() if k != "rule" and v is not None}
+
+
 def build_selection(section: ml_collections.ConfigDict) -> SelectionRule:
-    """`config.sampler.selection`: the rule's name (`rule`) and its arguments; an argument left unset (None) takes
-    the rule's own default."""
-    args = {k: v for k, v in section.items() if k != "rule" and v is not None}
-    return make_selection(section.rule, **args)
+    """`config.sampler.selection`: the rule's name (`rule`) and its arguments."""
+    return make_selection(section.rule, **_set_arguments(section))
+
+
+def build_early_stopping(section: ml_collections.ConfigDict) -> EarlyStopping:
+    """`config.sampler.early_stopping`: the rule's name and its arguments (e.g. `threshold` of `entropy`)."""
+    return make_early_stopping(section.rule, **_set_arguments(section))
+
+
+def build_draw(section: ml_collections.ConfigDict) -> GumbelMax | BlockedInverseCdf:
+    """`config.sampler.draw`: the draw's name and its arguments (`block` of `blocked_inverse_cdf`)."""
+    return make_draw(section.rule, **_set_arguments(section))
 
 
 def build_sampler(
@@ -115,14 +128,14 @@ def build_sampler(
         process=process,
         selection=build_selection(s.selection),
         temperature=AnnealedTemperature(s.min_temperature, s.max_temperature, s.temperature_exponent),
-        early_stopping=make_early_stopping(s.early_stopping),
+        early_stopping=build_early_stopping(s.early_stopping),
         num_steps=s.num_steps,
         canvas_length=s.canvas_len,
         null_signal=config.diffusion.null_signal,
         forbidden_tokens=NEVER_GENERATED,
         score_temperature=s.get("score_temperature", 0.0) or None,  # 0 = score the sampling distribution
         sc_temperature=s.get("sc_temperature", 0.0) or None,  # 0 = feed back the sampling distribution
-        draw=make_draw(s.get("draw", "gumbel_max")),
+        draw=build_draw(s.draw),
         constraint=constraint,
         views=views,
     )

@@ -21,7 +21,6 @@ from absl import app, flags
 from hackable_diffusion import cli
 
 FLAGS = flags.FLAGS
-WEIGHTS = ("ema", "raw")
 COUNT_FLAGS = ("batch_size", "limit", "num_batches", "num_samples", "max_new_tokens", "subset")  # of any task
 _SAVED: dict[str, ml_collections.ConfigDict] = {}  # the run's saved config, read once while the flags are defined
 
@@ -35,7 +34,7 @@ def define_flags(argv: list[str]):
     flags.DEFINE_string("workdir", None, "A training workdir, or hf:DIR for a Hugging Face checkpoint directory.")
     flags.DEFINE_integer("seed", 0, "Seed for the noise levels, the samples and the solver.")
     flags.DEFINE_integer("batch_size", 0, "Evaluation batch size (0: the task's default).")
-    flags.DEFINE_enum("weights", "ema", list(WEIGHTS), "ema: the run's EMA weights when it kept them; raw: the trained.")
+    flags.DEFINE_enum("weights", "ema", ["ema", "raw"], "ema: the run's EMA weights when it kept them; raw: the trained.")
     names = [config.data.task] if saved is not None else list(TASKS)  # no run yet (a dry parse): every task's flags
     for name in names:
         get_task(name).define_evaluation_flags(FLAGS)
@@ -48,11 +47,10 @@ def load_run(workdir: str, *, weights: str = "ema", config: ml_collections.Confi
     from hackable_diffusion import run_config
     from hackable_diffusion.checkpoints import toolbox
 
-    if weights not in WEIGHTS:
-        raise ValueError(f"weights={weights!r} must be one of {WEIGHTS}.")
+    toolbox.check_weights(weights)
     exp = exp_lib.build(config if config is not None else run_config.load_saved_config(workdir), workdir)
     used = "ema" if weights == "ema" and exp.config.train.ema_decay > 0 else "raw"
-    params, step = toolbox.load_params(exp, workdir, use_ema=used == "ema")
+    params, step = toolbox.load_params(exp, workdir, weights=used)
     return exp, params, step, used
 
 

@@ -28,10 +28,10 @@ def define_flags(argv: list[str]):
     del argv
     flags.DEFINE_string("workdir", None, "The trained run to quantize (a workdir of hackable_diffusion.train).")
     flags.DEFINE_string("out", None, "The quantized run to write (a new directory, or one this command wrote).")
-    flags.DEFINE_bool("use_ema", True, "Quantize the EMA weights when the run kept them.")
+    flags.DEFINE_enum("weights", "ema", ["ema", "raw"], "ema: quantize the EMA weights when the run kept them; raw: the trained.")
 
 
-def quantize_run(workdir: str, out: str, *, use_ema: bool = True) -> dict:
+def quantize_run(workdir: str, out: str, *, weights: str = "ema") -> dict:
     """Writes the quantized run `out` from the trained run `workdir`; returns what the JSON line prints."""
     import jax
 
@@ -47,7 +47,7 @@ def quantize_run(workdir: str, out: str, *, use_ema: bool = True) -> dict:
     exp = exp_lib.from_workdir(workdir)
     if exp.model.cfg.weight_dtype is not None:
         raise ValueError(f"{workdir} is already a quantized run (model.weight_dtype={exp.model.cfg.weight_dtype!r}).")
-    params, step = toolbox.load_params(exp, workdir, use_ema=use_ema)
+    params, step = toolbox.load_params(exp, workdir, weights=weights)
     quantized = jax.jit(Q.quantize_params)(params)
     target.mkdir(parents=True, exist_ok=True)
     config = exp.config.copy_and_resolve_references()
@@ -59,7 +59,7 @@ def quantize_run(workdir: str, out: str, *, use_ema: bool = True) -> dict:
     record = {
         "source": str(source),
         "step": int(step),
-        "weights": "ema" if use_ema and exp.config.train.ema_decay > 0 else "params",
+        "weights": "ema" if weights == "ema" and exp.config.train.ema_decay > 0 else "raw",
         "bytes_before": Q.nbytes(params),
         "bytes_after": Q.nbytes(quantized),
         "out": str(target),
@@ -73,7 +73,7 @@ def main(argv):
     if not FLAGS.workdir or not FLAGS.out:
         raise ValueError("--workdir (a trained run) and --out (the quantized run to write) are both required.")
     cli.quiet_library_logs()
-    print(cli.json_line(quantize_run(FLAGS.workdir, FLAGS.out, use_ema=FLAGS.use_ema)), flush=True)
+    print(cli.json_line(quantize_run(FLAGS.workdir, FLAGS.out, weights=FLAGS.weights)), flush=True)
 
 
 if __name__ == "__main__":

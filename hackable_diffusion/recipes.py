@@ -31,18 +31,41 @@ SELECTION_ARGUMENTS = {  # every argument a selection rule takes (None: the rule
 }
 
 
-def selection(rule: str, **args: Any) -> ml_collections.ConfigDict:
-    """`config.sampler.selection`: a rule of `sampling.selection.SELECTION_RULES` and its arguments, every argument a
-    typed placeholder so that `--config.sampler.selection.tau=0.9` parses on the command line."""
-    unknown = sorted(set(args) - set(SELECTION_ARGUMENTS))
+EARLY_STOPPING_ARGUMENTS = {  # every argument an early-stopping rule takes (None: the rule's own default)
+    "threshold": float,  # entropy, diffusiongemma, transformers: the mean-entropy bound
+    "strict": bool,  # entropy: entropy < threshold instead of <=
+    "against": str,  # token_stability: "input" | "output" | "previous_argmax"
+}
+DRAW_ARGUMENTS = {"block": int}  # blocked_inverse_cdf: ids per block
+
+
+def rule_section(kind: str, rule: str, arguments: dict[str, type], args: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A config section naming a rule (`rule`) with every argument it may take as a typed placeholder, so that
+    `--config.sampler.<kind>.<argument>=value` parses on the command line; `builders` turns it into the object."""
+    unknown = sorted(set(args) - set(arguments))
     if unknown:
-        raise ValueError(f"unknown selection arguments {unknown}; valid: {sorted(SELECTION_ARGUMENTS)}.")
-    section = {name: config_dict.placeholder(kind) for name, kind in SELECTION_ARGUMENTS.items()}
+        raise ValueError(f"unknown {kind} arguments {unknown}; valid: {sorted(arguments)}.")
+    section = {name: config_dict.placeholder(type_) for name, type_ in arguments.items()}
     section["rule"] = rule
     out = ml_collections.ConfigDict(section)
     for name, value in args.items():
         out[name] = value
     return out
+
+
+def selection(rule: str, **args: Any) -> ml_collections.ConfigDict:
+    """`config.sampler.selection`: a rule of `sampling.selection.SELECTION_RULES` and its arguments."""
+    return rule_section("selection", rule, SELECTION_ARGUMENTS, args)
+
+
+def early_stopping(rule: str, **args: Any) -> ml_collections.ConfigDict:
+    """`config.sampler.early_stopping`: a rule of `sampling.early_stopping.EARLY_STOPPING` and its arguments."""
+    return rule_section("early_stopping", rule, EARLY_STOPPING_ARGUMENTS, args)
+
+
+def draw(rule: str, **args: Any) -> ml_collections.ConfigDict:
+    """`config.sampler.draw`: a draw of `sampling.draws.DRAWS` and its arguments."""
+    return rule_section("draw", rule, DRAW_ARGUMENTS, args)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -110,15 +133,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.sampler = ml_collections.ConfigDict(
         dict(
             selection=selection("entropy_bound"),  # the rule and its arguments (sampling.selection)
-            early_stopping="diffusiongemma",  # any key of sampling.early_stopping.EARLY_STOPPING
+            early_stopping=early_stopping("diffusiongemma"),  # the rule and its arguments (sampling.early_stopping)
             min_temperature=0.4,
             max_temperature=0.8,
             temperature_exponent=1.0,
             score_temperature=0.0,  # 0: selection scores the sampling distribution; > 0: logits / this (1 = model's)
             sc_temperature=0.0,  # self-conditioned models: 0 feeds back the sampling distribution (DiffusionGemma); > 0
             # feeds back logits / this (1 = the model's own probabilities, as training feeds back the raw logits)
-            draw="gumbel_max",  # how candidates are drawn (sampling.draws): gumbel_max (the reference's) or
-            # blocked_inverse_cdf (the same distribution, cheaper, other tokens for the same seed)
+            draw=draw("gumbel_max"),  # how candidates are drawn (sampling.draws): gumbel_max (the reference's) or
+            # blocked_inverse_cdf (the same distribution, cheaper, other tokens for the same seed; its `block`)
             num_steps=32,
             canvas_len=32,
             max_new_tokens=128,
@@ -202,12 +225,19 @@ def upgrade_saved_sampler(config: ml_collections.ConfigDict) -> None:
         section = selection(rule, **parsed)
     else:
         section = selection(rule["rule"], **{k: v for k, v in rule.items() if k != "rule" and v is not None})
+    sections = {  # rules saved as a bare name (before their arguments were settable) become sections
+        "early_stopping": (early_stopping, saved.pop("early_stopping", "diffusiongemma")),
+        "draw": (draw, saved.pop("draw", "gumbel_max")),
+    }
     current = base_config().sampler
     with config.unlocked():
         config.sampler = ml_collections.ConfigDict(
             {**current.to_dict(), **{k: v for k, v in saved.items() if k in current}}
         )
         config.sampler.selection = section
+        for key, (make, value) in sections.items():
+            rule, args = (value, {}) if isinstance(value, str) else (value["rule"], value)
+            config.sampler[key] = make(rule, **{k: v for k, v in args.items() if k != "rule" and v is not None})
 
 
 def sft_config(
@@ -232,7 +262,7 @@ def sft_config(
         dict(
             kind=init_kind,  # "toolbox" | "params" | "gemma" | "hf" | "scratch"
             checkpoint=checkpoint,  # toolbox workdir (or checkpoints/) | params dir | gemma orbax dir | Hugging Face dir
-            use_ema=True,  # toolbox: take ema_params when the run kept an EMA
+            weights="ema",  # toolbox: "ema" takes the EMA weights when the run kept them, "raw" the trained ones
             inherit_diffusion=True,  # toolbox/params: take the noise process and loss recipe of the source run
             tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus
             ignore_unexpected=False,  # gemma/hf: skip checkpoint tensors the model has no place for (e.g. other towers)
@@ -314,5 +344,8 @@ SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every res
 
 def sampler_report(config: ml_collections.ConfigDict) -> dict:
     """The sampler settings of a result: the selection rule with the arguments that are set, and the main knobs."""
-    selection = {k: v for k, v in config.sampler.selection.items() if v is not None}
-    return {"selection": selection, **{k: config.sampler[k] for k in SAMPLER_REPORT_KEYS}}
+    def plain(value):  # a rule section: its rule and the arguments that are set
+        is_section = isinstance(value, ml_collections.ConfigDict)
+        return {k: v for k, v in value.items() if v is not None} if is_section else value
+
+    return {"selection": plain(config.sampler.selection), **{k: plain(config.sampler[k]) for k in SAMPLER_REPORT_KEYS}}

@@ -2,7 +2,7 @@
 
 `load_base(config)` gives `sft` (and every command that trains from weights) its model, tokenizer and base params:
 kind "toolbox": `init.checkpoint` is a toolbox workdir (or its `checkpoints/` folder); the params (EMA if
-`init.use_ema` and present) of its latest step are restored, and its `config.json` (model shape) and `tokenizer/` are
+`init.weights == "ema"` and present) of its latest step are restored, and its `config.json` (model shape) and `tokenizer/` are
 used when present. kind "params": `init.checkpoint` is a params directory written by `toolbox.save_params` (e.g. the
 `fused_params` of an earlier SFT run; its parent's `config.json` and `tokenizer/` are used the same way). kind
 "gemma": a gemma-layout orbax directory (`checkpoints.gemma.load_gemma_checkpoint`), shaped by `config.model`. kind
@@ -87,7 +87,7 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
         if init.kind == "params":
             params, where = load_params_directory(source), f"params:{source}"
         else:
-            params, step = load_toolbox_params(source, use_ema=init.use_ema)
+            params, step = load_toolbox_params(source, weights=init.weights)
             where = f"toolbox:{source}@{step}"
         gemma_ckpt.check_toolbox_params(params, cfg, f"The params of {where}")
         return Base(T.Transformer(cfg), tokenizer, params, where, source_config)

@@ -306,7 +306,8 @@ def generation_config_from_sampler(sampler: Mapping[str, Any]) -> dict[str, Any]
         }
     if "min_temperature" in sampler:
         out["t_min"], out["t_max"] = float(sampler["min_temperature"]), float(sampler["max_temperature"])
-    if sampler.get("early_stopping", "diffusiongemma") == "diffusiongemma":
+    stopping = sampler.get("early_stopping", "diffusiongemma")  # a rule section, or a name in older configs
+    if (stopping.get("rule") if isinstance(stopping, Mapping) else stopping) == "diffusiongemma":
         out["stability_threshold"], out["confidence_threshold"] = 1, 0.005
     return out
 

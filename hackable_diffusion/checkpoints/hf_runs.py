@@ -52,7 +52,7 @@ def hf_experiment_config(path: str) -> ml_collections.ConfigDict:
     s.selection = recipes.selection("entropy_bound", gamma=float(bound))
     s.min_temperature = float(generation.get("t_min") or 0.4)
     s.max_temperature = float(generation.get("t_max") or 0.8)
-    s.early_stopping = "transformers"
+    s.early_stopping = recipes.early_stopping("transformers")
     s.canvas_len, s.max_new_tokens, s.prompt = canvas, canvas, ""
     return config
 

@@ -24,20 +24,27 @@ from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import transformer as T
 
 PyTree = Any
+WEIGHTS = ("ema", "raw")  # which weights of a run: its EMA when it kept one, or the trained weights
 FUSED_DIR = "fused_params"  # the fused weights an SFT run writes (init kind "params" reads them)
 
 if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment
 
 
-def load_params(exp: Experiment, workdir: str, *, use_ema: bool = True, step: int | None = None):
+def check_weights(weights: str) -> None:
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r} must be one of {WEIGHTS} (ema: the EMA when the run kept one).")
+
+
+def load_params(exp: Experiment, workdir: str, *, weights: str = "ema", step: int | None = None):
     """Parameters of the latest (or given) checkpoint in `workdir/checkpoints`, on the default device.
 
-    Returns (params, step). The EMA parameters are used when the run kept them and `use_ema`.
+    Returns (params, step). `weights="ema"`: the EMA parameters when the run kept them; "raw": the trained ones.
     """
     from hackable_diffusion.training import checkpointing, optimizers
     from hackable_diffusion.training.train_state import TrainState
 
+    check_weights(weights)
     config = exp.config
     if exp.model.cfg.weight_dtype == "float8_e4m3fn":  # a run written by `python -m hackable_diffusion.quantize`
         from hackable_diffusion.checkpoints import quantized_runs
@@ -70,7 +77,7 @@ def load_params(exp: Experiment, workdir: str, *, use_ema: bool = True, step: in
             state = ckpt.restore(step, abstract)
     finally:
         ckpt.close()
-    params = state.ema_params if (use_ema and state.ema_params is not None) else state.params
+    params = state.ema_params if (weights == "ema" and state.ema_params is not None) else state.params
     return params, int(step)
 
 
@@ -81,12 +88,13 @@ def _step_dirs(checkpoints: pathlib.Path) -> list[int]:
 
 
 def load_toolbox_params(
-    path: str | os.PathLike, *, use_ema: bool = True, step: int | None = None
+    path: str | os.PathLike, *, weights: str = "ema", step: int | None = None
 ) -> tuple[PyTree, int]:
-    """(params as numpy arrays, step) of a toolbox run's checkpoint (the EMA params if `use_ema` and kept).
+    """(params as numpy arrays, step) of a toolbox run's checkpoint (the EMA params for `weights="ema"` when kept).
 
     `path` is a training workdir or its `checkpoints/` folder; `step=None` takes the latest complete step.
     """
+    check_weights(weights)
     path = pathlib.Path(path)
     checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     steps = _step_dirs(checkpoints)
@@ -101,7 +109,7 @@ def load_toolbox_params(
     item = (checkpoints / str(step) / "state").absolute()
     checkpointer = ocp.PyTreeCheckpointer()
     metadata = tree_metadata(item)
-    key = "ema_params" if use_ema and metadata.get("ema_params") else "params"
+    key = "ema_params" if weights == "ema" and metadata.get("ema_params") else "params"
     if isinstance(metadata[key], Mapping) and set(metadata[key]) == {lora_lib.BASE_KEY, lora_lib.LORA_KEY}:
         raise ValueError(
             f"{str(path)!r} is a LoRA fine-tuning run (its params are {{'base', 'lora'}}); start from "

@@ -8,7 +8,7 @@ or from Python: `lm_eval.simple_evaluate(model=HackableDiffusionLM(workdir=...),
 
 Model args: `workdir` (a training workdir or `hf:DIR`), `num_draws` (Monte-Carlo draws per diffusion
 log-likelihood, default 8), `seed` (0), `batch_size` (8), `max_length` (0 = the run's training sequence length),
-`greedy_check` (true: the greedy flag of a diffusion run costs one sampler decode per request), `use_ema` (true), and
+`greedy_check` (true: the greedy flag of a diffusion run costs one sampler decode per request), `weights` (ema: the EMA when the run kept one; raw), and
 any `config.<path>=value` of the run's saved config, e.g. `config.sampler.num_steps=16`,
 `config.sampler.selection.rule=top_k_top_probability`, `config.sampler.canvas_len=16`,
 `config.sampler.min_temperature=0.2`. Log-likelihoods, the rolling bound and generation are `evals.scoring.Scorer`'s
@@ -32,11 +32,12 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from hackable_diffusion import run_config
+from hackable_diffusion.recipes import sampler_report
 from hackable_diffusion.evals import scoring
 
 _TRUE = ("1", "true", "yes")
 # HackableDiffusionLM's own arguments (lm-eval adds batch_size, max_batch_size and device to those of --model_args)
-MODEL_ARGS = ("workdir", "num_draws", "seed", "batch_size", "max_length", "greedy_check", "use_ema")
+MODEL_ARGS = ("workdir", "num_draws", "seed", "batch_size", "max_length", "greedy_check", "weights")
 EXTRA_ARGS = ("max_batch_size", "device")
 
 
@@ -52,7 +53,7 @@ def check_model_args(model_args: Mapping[str, Any]) -> None:
     if bad:
         raise ValueError(
             f"unknown model args {bad}: use workdir, num_draws, seed, batch_size, max_length, greedy_check, "
-            "use_ema, or config.<path>=value (e.g. config.sampler.num_steps=16)."
+            "weights, or config.<path>=value (e.g. config.sampler.num_steps=16)."
         )
     workdir = model_args.get("workdir")
     if not workdir:
@@ -92,7 +93,7 @@ class HackableDiffusionLM(LM):
         batch_size: int | str = 8,
         max_length: int = 0,
         greedy_check: bool | str = True,
-        use_ema: bool | str = True,
+        weights: str = "ema",
         max_batch_size: Any = None,
         device: Any = None,
         **config_overrides: Any,
@@ -108,7 +109,7 @@ class HackableDiffusionLM(LM):
         overrides = [f"--{k}={v}" for k, v in config_overrides.items()]
         config = cli.parse_config_overrides(run_config.load_saved_config(workdir), overrides)
         exp = exp_lib.build(config, workdir)
-        params, self.checkpoint_step = toolbox.load_params(exp, workdir, use_ema=_bool(use_ema))
+        params, self.checkpoint_step = toolbox.load_params(exp, workdir, weights=str(weights))
         size = 8 if str(batch_size).startswith("auto") else int(batch_size)
         self.workdir = workdir
         self.scorer = None
@@ -209,7 +210,7 @@ class HackableDiffusionLM(LM):
                 "canvas_len": s.canvas_len,
                 "selection": dict(s.selection),
                 "temperature": [s.min_temperature, s.max_temperature],
-                "early_stopping": s.early_stopping,
+                "early_stopping": sampler_report(c)["early_stopping"],
             }
         else:
             info["sampler"] = {"ar_temperature": c.sampler.ar_temperature}

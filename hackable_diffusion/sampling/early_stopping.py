@@ -124,15 +124,15 @@ class Chained(EarlyStopping):
         return stop
 
 
-def diffusiongemma_early_stopping() -> Chained:
-    """The reference default: token stability AND mean entropy <= 0.005."""
-    return Chained((TokenStability(), EntropyBelow(0.005)))
+def diffusiongemma_early_stopping(threshold: float = 0.005) -> Chained:
+    """The reference default: token stability AND mean entropy <= `threshold` (0.005)."""
+    return Chained((TokenStability(), EntropyBelow(threshold)))
 
 
-def transformers_early_stopping() -> Chained:
+def transformers_early_stopping(threshold: float = 0.005) -> Chained:
     """transformers' DiffusionGemma default (`StableAndConfidentStoppingCriteria(1, 0.005)`): the argmax equals the
-    previous step's AND mean entropy < 0.005."""
-    return Chained((TokenStability(against="previous_argmax"), EntropyBelow(0.005, strict=True)))
+    previous step's AND mean entropy < `threshold` (0.005)."""
+    return Chained((TokenStability(against="previous_argmax"), EntropyBelow(threshold, strict=True)))
 
 
 EARLY_STOPPING: dict[str, Any] = {

@@ -146,6 +146,38 @@ def test_saved_configs_from_older_runs_get_new_sampler_keys(tmp_path):
     assert loaded.sampler.num_steps == 7
 
 
+def test_early_stopping_and_draw_arguments_are_set_from_the_config(tmp_path):
+    """The early-stopping rule and the draw are sections (rule + arguments) like the selection: their arguments reach
+    the objects; a run saved when they were bare names loads them as sections."""
+    from hackable_diffusion import builders
+    from hackable_diffusion.diffusion.processes import UniformProcess
+    from hackable_diffusion.diffusion.schedules import LinearSchedule
+    from hackable_diffusion.sampling.draws import BlockedInverseCdf
+    from hackable_diffusion.sampling.early_stopping import EntropyBelow, TokenStability
+
+    config = cli.override(
+        recipes.base_config(),
+        {"sampler.early_stopping.rule": "entropy", "sampler.early_stopping.threshold": 0.05,
+         "sampler.draw.rule": "blocked_inverse_cdf", "sampler.draw.block": 16},
+    )  # fmt: skip
+    sampler = builders.build_sampler(config, UniformProcess(32, LinearSchedule()))
+    assert sampler.early_stopping == EntropyBelow(threshold=0.05)
+    assert sampler.draw == BlockedInverseCdf(block=16)
+    chained = builders.build_early_stopping(recipes.early_stopping("transformers", threshold=0.01))
+    assert chained.rules == (TokenStability(against="previous_argmax"), EntropyBelow(0.01, strict=True))
+    with pytest.raises(ValueError, match="does not take"):
+        builders.build_early_stopping(recipes.early_stopping("token_stability", threshold=0.1))
+    with pytest.raises(ValueError, match="unknown draw arguments"):
+        recipes.draw("gumbel_max", size=3)
+
+    old = recipes.base_config().to_dict()
+    old["sampler"].update(early_stopping="none", draw="blocked_inverse_cdf")  # names, as older runs saved them
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    loaded = run_config.load_saved_config(str(tmp_path))
+    assert loaded.sampler.early_stopping.rule == "none" and loaded.sampler.draw.rule == "blocked_inverse_cdf"
+    assert loaded.sampler.draw.block is None
+
+
 def _command(module, *args, env=None):
     return run_module(module, *args, env=env)
 
@@ -195,3 +227,14 @@ def test_json_output_is_strict_json():
         cli.json_line({"se": float("nan"), "x": [1.0, float("inf")], "n": 2})
         == '{"se": null, "x": [1.0, null], "n": 2}'
     )
+
+
+def test_a_saved_init_use_ema_reads_as_the_weights_choice(tmp_path):
+    """Fine-tuning runs saved `init.use_ema` (a bool); the EMA choice is now `init.weights` ("ema" | "raw")."""
+    config = recipes.sft_config().to_dict()
+    del config["init"]["weights"]
+    config["init"]["use_ema"] = False
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = run_config.load_saved_config(str(tmp_path))
+    assert loaded.init.weights == "raw" and "use_ema" not in loaded.init
+    assert loaded.init.checkpoint == config["init"]["checkpoint"]

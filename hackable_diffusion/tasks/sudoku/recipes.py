@@ -128,7 +128,7 @@ def sudoku_config(
     c.eval.num_samples = 0
     c.eval.num_puzzles = 64  # held-out puzzles solved at each evaluation
     c.sampler.selection = recipes.selection("top_k_margin")  # Kim et al. 2025: top-probability margin
-    c.sampler.early_stopping = "none"  # a row stops when no blank is left
+    c.sampler.early_stopping = recipes.early_stopping("none")  # a row stops when no blank is left
     c.sampler.num_steps = 12
     c.sampler.canvas_len = 81
     c.sampler.min_temperature = 0.1

@@ -19,7 +19,7 @@ import json
 import os
 import pathlib
 import sys
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 import ml_collections
 
@@ -156,10 +156,15 @@ def json_line(value: Any) -> str:
     return json.dumps(clean(value), allow_nan=False, default=str)
 
 
-def fail(message: str) -> None:
-    """The one error style of every command: one line on stderr, exit status 2."""
-    print(f"error: {message}", file=sys.stderr)
+def fail(message: str) -> NoReturn:
+    """The one error style of every command: one line on stderr (a message's line breaks become spaces), exit 2."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
     sys.exit(2)
+
+
+def traceback_hint(message: str) -> str:
+    """A user error's message with how to see its traceback."""
+    return f"{message} (set {TRACEBACK_ENV}=1 for the traceback)"
 
 
 def flags_help(own_modules: Sequence[str], full: bool = False) -> str:
@@ -224,7 +229,7 @@ def run_command(define_flags: Callable[[Sequence[str]], None], main: Callable[[S
         except USER_ERRORS as err:
             if show_traceback:
                 raise
-            fail(f"{err} (set {TRACEBACK_ENV}=1 for the traceback)")
+            fail(traceback_hint(str(err)))
         except Exception as err:  # training stopped by SIGINT/SIGTERM after saving: its message and exit status
             if not hasattr(err, "exit_code") or show_traceback:
                 raise

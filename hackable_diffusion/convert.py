@@ -20,12 +20,12 @@ leaves the target as it was.
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 from absl import app, flags
 
 from hackable_diffusion import cli, run_config
+from hackable_diffusion.data import safe_files
 
 FLAGS = flags.FLAGS
 FORMATS = ("hf", "gemma", "workdir")
@@ -66,7 +66,6 @@ def detect_format(path: pathlib.Path) -> str:
 
 def check_paths(source: pathlib.Path, target: pathlib.Path, overwrite: bool) -> None:
     """Refuses, before anything is read, a target that would destroy the source or mix two checkpoints."""
-    from hackable_diffusion.checkpoints import hf as hf_ckpt
 
     src, dst = source.resolve(), target.resolve()
     if src == dst or src in dst.parents or dst in src.parents:
@@ -74,7 +73,7 @@ def check_paths(source: pathlib.Path, target: pathlib.Path, overwrite: bool) -> 
             f"--to {target} overlaps --from {source} (the same directory, or one inside the other): write the "
             "converted checkpoint to a separate directory."
         )
-    hf_ckpt.check_target(target, overwrite=overwrite, hint="--overwrite")
+    safe_files.check_target(target, overwrite=overwrite, hint="--overwrite")
 
 
 def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str = "", ignore_unexpected: bool = False):
@@ -98,10 +97,7 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.checkpoints import toolbox
 
-    try:
-        config = run_config.load_saved_config(str(path))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path / 'config.json'} is not valid JSON ({err}): repair it or restore it.") from None
+    config = run_config.load_saved_config(str(path))
     cfg = TransformerConfig.from_dict(config.model.to_dict())
     if (path / toolbox.FUSED_DIR).is_dir():  # an SFT run: its fused weights
         params = toolbox.load_params_directory(path / toolbox.FUSED_DIR)
@@ -144,7 +140,7 @@ def convert(
         src, fmt, model_config=model_config, dtype=dtype, ignore_unexpected=ignore_unexpected
     )
     if to_format == "gemma":
-        with hf_ckpt.replacing_directory(dst) as staging:
+        with safe_files.replacing_directory(dst, what="the gemma checkpoint") as staging:
             gemma_ckpt.save_gemma_checkpoint(params, cfg, staging)
     else:
         kind = model_type or (hf_ckpt.DIFFUSION_GEMMA if cfg.self_conditioning else hf_ckpt.GEMMA4_TEXT)

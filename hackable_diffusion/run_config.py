@@ -14,6 +14,8 @@ import pathlib
 
 import ml_collections
 
+from hackable_diffusion.data import safe_files
+
 CONFIG_CHANGES_FILE = "config_changes.jsonl"
 _ABSENT = "<absent>"
 
@@ -76,7 +78,7 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
             f"{path} not found: is {workdir!r} a training workdir (python -m hackable_diffusion.train "
             "writes config.json there)?"
         )
-    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    config = ml_collections.ConfigDict(safe_files.read_json(path, "repair it, or restore it from a copy of the run"))
     upgrade_saved_config(config)
     return config
 

@@ -31,13 +31,12 @@ Deliberate choices
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
+import functools
 import json
 import os
 import pathlib
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -58,6 +57,7 @@ from hackable_diffusion.checkpoints.hf_config import (  # noqa: F401  (the confi
 )
 from hackable_diffusion.checkpoints.hf_mapping import RULES, HFRule, _Leaf, mapping_table, plan  # noqa: F401
 from hackable_diffusion.checkpoints.trees import flatten_tree, natural_key, unflatten_tree
+from hackable_diffusion.data import safe_files
 from hackable_diffusion.models.config import TransformerConfig, resolve_dtype
 
 CONFIG_FILE = "config.json"
@@ -81,12 +81,7 @@ def is_hf_directory(path: str | os.PathLike) -> bool:
 
 def read_json(path: pathlib.Path) -> Any:
     """A JSON file of a checkpoint; a malformed one is a ValueError that names it."""
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(
-            f"{path} is not valid JSON ({err}): repair it, or copy or download the checkpoint {path.parent} again."
-        ) from None
+    return safe_files.read_json(path, f"repair it, or copy or download the checkpoint {path.parent} again")
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -116,8 +111,8 @@ def read_model_config(path: str | os.PathLike, **kwargs) -> tuple[TransformerCon
             f"{file} has no field {err}, which a {hf.get('model_type')} config needs: is it a DiffusionGemma or "
             "Gemma-4 checkpoint saved by transformers?"
         ) from None
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{pathlib.Path(path)}: {err}") from None
+    except ValueError as err:  # a field the toolbox cannot express, refused by name
+        raise ValueError(f"{pathlib.Path(path)}: {err}") from err
 
 
 def _corrupt(file: pathlib.Path, err: Exception) -> ValueError:
@@ -345,49 +340,6 @@ def hf_tensors(cfg: TransformerConfig, params: Any, *, model_type: str = DIFFUSI
                     yield COPY_STACKS[DIFFUSION_GEMMA][0] + name, np.ascontiguousarray(tensor)
 
 
-def check_target(directory: str | os.PathLike, *, overwrite: bool, hint: str = "overwrite=True") -> None:
-    """Refuses to write over something: a path that is not a directory, or (unless `overwrite`) a non-empty one."""
-    directory = pathlib.Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise NotADirectoryError(f"{directory} exists and is not a directory: choose a new or empty directory.")
-    if not overwrite and directory.is_dir():
-        entries = sorted(p.name for p in directory.iterdir())
-        if entries:
-            shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
-            raise ValueError(
-                f"{directory} is not empty (it holds {shown}): pass {hint} to replace it whole, or choose a new or "
-                "empty directory."
-            )
-
-
-@contextlib.contextmanager
-def replacing_directory(directory: str | os.PathLike, *, overwrite: bool = True):
-    """Yields a fresh path beside `directory` (in a hidden `.NAME.partial-*` sibling) to write a whole directory into.
-    When the block succeeds the written directory takes the place of `directory`, which is replaced whole (never
-    mixed with what it held); when it fails, or `directory` is refused by `check_target`, `directory` is left as it
-    was and nothing written stays behind."""
-    directory = pathlib.Path(directory)
-    check_target(directory, overwrite=overwrite)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent))
-    try:
-        written = staging / directory.name
-        yield written
-        if not written.is_dir():
-            raise RuntimeError(f"nothing was written to {written}")
-        old = staging / ".replaced"
-        if directory.is_dir():
-            os.rename(directory, old)
-        try:
-            os.rename(written, directory)
-        except BaseException:
-            if old.is_dir():
-                os.rename(old, directory)
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 def save_hf(
     directory: str | os.PathLike,
     cfg: TransformerConfig,
@@ -413,7 +365,7 @@ def save_hf(
     `directory` is replaced whole, and a failure part-way leaves it as it was. overwrite=False refuses a non-empty
     one."""
     directory = pathlib.Path(directory)
-    with replacing_directory(directory, overwrite=overwrite) as staging:
+    with safe_files.replacing_directory(directory, overwrite=overwrite, what="the checkpoint") as staging:
         _write_hf(
             staging,
             cfg,
@@ -507,7 +459,10 @@ def _write_shard(directory: pathlib.Path, index: int, tensors: dict[str, np.ndar
     return name, {n: t.nbytes for n, t in tensors.items()}
 
 
+@functools.cache
 def _umask() -> int:
+    """The process's umask, read once (reading it means setting it for a moment, which no other thread should see
+    twice)."""
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

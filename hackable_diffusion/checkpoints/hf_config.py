@@ -4,7 +4,7 @@
 Follows the config classes of `transformers` 5.23 (`configuration_diffusion_gemma.py`, `configuration_gemma4.py`).
 Config fields the toolbox cannot express (another activation, attention bias, per-layer input embeddings, KV sharing,
 double-wide MLPs, a dense Gemma-4 block without experts, untied embeddings, bidirectional text attention, RoPE
-scaling) are refused by name, never dropped. The weights are `hf_ckpt.py`'s.
+scaling) are refused by name, never dropped. The weights are `hf.py`'s.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ weights stay where they are and `toolbox.load_params` reads them from there.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 
 import ml_collections
@@ -32,8 +31,7 @@ def hf_experiment_config(path: str) -> ml_collections.ConfigDict:
     autoregressive run. Data: tiny Shakespeare through the checkpoint's own tokenizer."""
     from hackable_diffusion.checkpoints import hf as hf_ckpt
 
-    hf = hf_ckpt.read_config(path)
-    cfg, info = hf_ckpt.config_from_hf(hf)
+    cfg, info = hf_ckpt.read_model_config(path)  # a missing directory or a broken config.json, by name
     model = dataclasses.asdict(cfg)
     diffusion = info.model_type == hf_ckpt.DIFFUSION_GEMMA
     canvas = int(info.canvas_length or 256)
@@ -45,7 +43,7 @@ def hf_experiment_config(path: str) -> ml_collections.ConfigDict:
     config.diffusion.excluded_ids = ()  # transformers draws noise over every token id
     config.init = ml_collections.ConfigDict(dict(kind="hf", checkpoint=str(pathlib.Path(path).resolve())))
     generation_file = pathlib.Path(path) / hf_ckpt.GENERATION_CONFIG_FILE
-    generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+    generation = hf_ckpt.read_json(generation_file) if generation_file.is_file() else {}
     s = config.sampler
     s.num_steps = int(generation.get("max_denoising_steps") or 48)
     bound = (generation.get("sampler_config") or {}).get("entropy_bound", 0.1)

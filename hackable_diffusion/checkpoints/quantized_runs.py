@@ -7,7 +7,6 @@ A quantized run is a directory with `config.json` (model.weight_dtype='float8_e4
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 
@@ -16,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hackable_diffusion.checkpoints.trees import tree_metadata
+from hackable_diffusion.data import safe_files
 from hackable_diffusion.models.quantize import FP8, QuantizedParams
 
 QUANTIZED_DIR = "fp8_params"  # a quantized run's weights
@@ -31,7 +31,7 @@ def load_quantized_run(workdir: str):
             f"{workdir} says model.weight_dtype='float8_e4m3fn' but has no {QUANTIZED_DIR}/: make it with python -m "
             f"hackable_diffusion.quantize --workdir TRAINED_RUN --out {workdir}."
         )
-    source = json.loads((run / QUANTIZED_SOURCE).read_text())
+    source = safe_files.read_json(run / QUANTIZED_SOURCE)
     return load_quantized(run / QUANTIZED_DIR), int(source["step"])
 
 

@@ -33,7 +33,7 @@ import grain
 import numpy as np
 from jaxtyping import Int
 
-from hackable_diffusion.data import disk_space
+from hackable_diffusion.data import safe_files
 from hackable_diffusion.data import tokenizers as tok_lib
 from hackable_diffusion.data.tokenizers import EOS_ID, PAD_ID, CharTokenizer, SentencePieceTokenizer, Tokenizer
 
@@ -270,28 +270,6 @@ class TextData:
     tokenizer_dir: pathlib.Path
 
 
-def _write_atomic(path: pathlib.Path, write, what: str) -> None:
-    """Writes `path` through a temporary file beside it; a failed write removes the temporary file, and a full disk
-    raises DiskFullError naming `what` was being written."""
-    handle = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as handle:
-            write(handle)
-        os.replace(handle.name, path)
-    except BaseException as error:
-        if handle is not None and os.path.exists(handle.name):
-            os.unlink(handle.name)
-        _raise_if_disk_full(error, path.parent, what)
-        raise
-
-
-def _raise_if_disk_full(error: BaseException, directory: pathlib.Path, what: str) -> None:
-    errno_name = disk_space.disk_full_errno(error)
-    if errno_name is not None:
-        raise disk_space.disk_full_error(directory, what, errno_name, "nothing partial was left there") from error
-
-
 def _fit_tokenizer(
     corpus: str, kind: str, vocab_size: int | None, train_texts: Sequence[str], seed: int, model_type: str
 ) -> Tokenizer:
@@ -330,7 +308,7 @@ def _load_or_fit_tokenizer(directory: pathlib.Path, metadata: dict[str, Any], fi
         tokenizer.save(staging, metadata=metadata)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
-        _raise_if_disk_full(error, directory.parent, "the tokenizer")
+        safe_files.raise_if_disk_full(error, directory.parent, "the tokenizer", "nothing partial was left there")
         raise
     try:
         os.rename(staging, directory)
@@ -352,7 +330,7 @@ def _cached_stream(cache_dir: pathlib.Path, name: str, compute) -> np.ndarray:
     if path.is_file():
         return np.load(path)
     stream = compute()
-    _write_atomic(path, lambda handle: np.save(handle, stream), f"the token cache {path.name}")
+    safe_files.write_atomic(path, lambda handle: np.save(handle, stream), f"the token cache {path.name}")
     return stream
 
 

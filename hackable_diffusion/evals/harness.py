@@ -12,8 +12,8 @@ Needs the `eval` extra: pip install -e '.[eval]'.
 
 Before lm-eval loads anything, an evaluation (`run`, the default command) checks its settings: lm-eval's own checks,
 the model args of `--model hackable_diffusion` (`lm_eval_adapter.check_model_args`: the workdir and its config keys)
-and that every `--tasks` name is a task (of lm-eval, of the toolbox or under `--include_path`) or a task file. A bad
-input, there or later (a ValueError, a missing file), prints `error: <what is wrong and how to fix it>` on one line
+and that every `--tasks` file exists; lm-eval itself refuses an unknown task name before it loads the model, and the
+error then names the closest tasks. A bad input, there or later (a ValueError, a missing file), prints `error: <what is wrong and how to fix it>` on one line
 and exits 2 like the toolbox's other commands (HD_TRACEBACK=1 shows the traceback).
 """
 
@@ -38,30 +38,26 @@ def task_names(tasks) -> list[str]:
 
 
 def check_tasks(tasks, include_path: str | None) -> None:
-    """Raises ValueError (FileNotFoundError for a task file) naming each `--tasks` entry that is neither a task of
-    lm-eval, of the toolbox or under `include_path`, nor an existing task file, with the closest task names. The tasks
-    under `include_path` are indexed first (fast); lm-eval's full index is built only for the other names."""
-    from lm_eval.tasks import TaskManager
-
-    names = task_names(tasks)
-    if len(names) == 1 and pathlib.Path(names[0]).is_dir():  # a directory of task files: lm-eval reads it
-        return
-    files = [n for n in names if n.endswith(".yaml")]
+    """The checks that cost nothing: every `--tasks` entry ending in .yaml is an existing file (FileNotFoundError
+    otherwise). Task names are left to lm-eval, which refuses unknown ones before it loads the model ("Tasks not
+    found"); `unknown_tasks_message` then turns its error into one that names the closest tasks."""
+    del include_path  # the names under it are matched by lm-eval
+    files = [n for n in task_names(tasks) if n.endswith(".yaml")]
     missing_files = [n for n in files if not glob.glob(str(pathlib.Path(n).absolute()))]
     if missing_files:
         raise FileNotFoundError(f"--tasks {', '.join(missing_files)}: no such task file; check the path.")
-    names = [n for n in names if not n.endswith(".yaml")]
-    if not names:
-        return
-    if include_path:
-        local = TaskManager(include_path=include_path, include_defaults=False)
-        names = [n for n in names if not local.match_tasks([n])]
-        if not names:
-            return
+
+
+UNKNOWN_TASKS = "Tasks not found: "  # how lm-eval's task check starts its error
+
+
+def unknown_tasks_message(error: str, include_path: str | None) -> str:
+    """lm-eval's "Tasks not found: a, b" as the toolbox's message, with the closest task names (lm-eval's full task
+    index is built here, on the error path only)."""
+    from lm_eval.tasks import TaskManager
+
+    unknown = [n.strip() for n in error[len(UNKNOWN_TASKS) :].split(",") if n.strip()]
     manager = TaskManager(include_path=include_path)
-    unknown = [n for n in names if not manager.match_tasks([n])]
-    if not unknown:
-        return
     close = sorted({c for n in unknown for c in difflib.get_close_matches(n, manager.all_tasks, n=3, cutoff=0.6)})
     hint = f" Closest: {', '.join(close)}." if close else ""
     if include_path and pathlib.Path(include_path).resolve() == TASKS_DIR.resolve():
@@ -70,7 +66,7 @@ def check_tasks(tasks, include_path: str | None) -> None:
         where = f"lm-eval's tasks nor those under --include_path {include_path}"
     else:
         where = "lm-eval's tasks"
-    raise ValueError(
+    return (
         f"--tasks {','.join(unknown)}: not among {where}.{hint} List the names with python -m "
         "hackable_diffusion.evals.harness ls tasks."
     )
@@ -121,7 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     except cli.USER_ERRORS as err:
         if show_traceback:
             raise
-        cli.fail(f"{' '.join(str(err).split())} (set {cli.TRACEBACK_ENV}=1 for the traceback)")
+        message = " ".join(str(err).split())
+        if message.startswith(UNKNOWN_TASKS):
+            message = unknown_tasks_message(message, getattr(namespace, "include_path", None))
+        cli.fail(cli.traceback_hint(message))
 
 
 if __name__ == "__main__":

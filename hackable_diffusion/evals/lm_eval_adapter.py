@@ -22,7 +22,6 @@ A Sudoku run answers only generation requests whose context is a puzzle (task `h
 
 from __future__ import annotations
 
-import json
 import pathlib
 from collections.abc import Mapping
 from typing import Any
@@ -32,8 +31,8 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from hackable_diffusion import run_config
-from hackable_diffusion.recipes import sampler_report
 from hackable_diffusion.evals import scoring
+from hackable_diffusion.recipes import sampler_report
 
 _TRUE = ("1", "true", "yes")
 # HackableDiffusionLM's own arguments (lm-eval adds batch_size, max_batch_size and device to those of --model_args)
@@ -60,11 +59,7 @@ def check_model_args(model_args: Mapping[str, Any]) -> None:
         raise ValueError("model_args needs workdir=<a training workdir or hf:DIR>.")
     workdir = str(workdir)
     if workdir.startswith(hf_runs.HF_PREFIX):
-        from hackable_diffusion.checkpoints import hf as hf_ckpt
-
-        directory = workdir[len(hf_runs.HF_PREFIX) :]
-        hf_ckpt.read_model_config(directory)  # a missing directory or a broken config.json, by name
-        config = hf_runs.hf_experiment_config(directory)
+        config = hf_runs.hf_experiment_config(workdir[len(hf_runs.HF_PREFIX) :])
     else:
         path = pathlib.Path(workdir)
         if not path.is_dir():
@@ -72,10 +67,7 @@ def check_model_args(model_args: Mapping[str, Any]) -> None:
                 f"model_args workdir={workdir}: no such directory; pass a training workdir (the --workdir of python -m "
                 "hackable_diffusion.train or sft) or hf:DIR for a Hugging Face checkpoint directory."
             )
-        try:
-            config = run_config.load_saved_config(workdir)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path / 'config.json'} is not valid JSON ({err}): repair or restore it.") from None
+        config = run_config.load_saved_config(workdir)
     cli.check_overrides(config, [f"--{k}=" for k in model_args if str(k).startswith("config.")])
 
 

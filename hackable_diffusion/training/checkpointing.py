@@ -29,7 +29,7 @@ import os
 import shutil
 import sys
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 import grain
 import jax
@@ -37,7 +37,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from hackable_diffusion.data import disk_space
+from hackable_diffusion.data import safe_files
 from hackable_diffusion.training.train_state import all_finite
 
 PyTree = Any
@@ -61,19 +61,20 @@ class CheckpointSaveError(ValueError):
 
 
 class _OrbaxErrorLog(logging.Filter):
-    """Holds back orbax's ERROR log records (every background thread of a failed save logs its own traceback, and
-    asyncio logs the failed writes nobody awaited) and keeps the latest messages, so that `Checkpointer` reports a
-    failed save once, with its cause."""
+    """While a save is in flight (`saving` > 0), holds back orbax's ERROR log records (every background thread of a
+    failed save logs its own traceback, and asyncio logs the failed writes nobody awaited) and keeps the latest
+    messages, so that `Checkpointer` reports a failed save once, with its cause. Outside saves they pass."""
 
     LOGGERS = ("absl", "asyncio")  # orbax logs through absl.logging; asyncio logs "exception was never retrieved"
 
     def __init__(self):
         super().__init__()
         self.count = 0
+        self.saving = 0  # saves started and not yet confirmed, over every Checkpointer of the process
         self.messages: collections.deque[tuple[int, str]] = collections.deque(maxlen=16)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR or not _from_orbax(record):
+        if not self.saving or record.levelno < logging.ERROR or not _from_orbax(record):
             return True
         self.count += 1
         text = record.getMessage()
@@ -188,17 +189,22 @@ class Checkpointer:
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
         self._log_mark = _ORBAX_ERRORS.count
+        self._pending = step
+        _ORBAX_ERRORS.saving += 1
         try:
             saved = self._manager.save(step, args=ocp.args.Composite(**items))
         except Exception as error:  # orbax/tensorstore raise many types for a failed write
+            self._pending = None
+            _ORBAX_ERRORS.saving -= 1
             self._failed_save(step, error)
         if not saved:
+            self._pending = None
+            _ORBAX_ERRORS.saving -= 1
             raise CheckpointSaveError(
                 f"checkpoint step {step} was not written to {self.directory}: orbax skips a step unless it is newer "
                 f"than the newest one there (step {self.latest_step()}); move the newer step folders out of "
                 f"{self.directory} (or use a new --workdir) and run again."
             )
-        self._pending = step
 
     def _confirm_pending(self) -> None:
         """Waits for the started save; if it did not complete, cleans up after it and raises (see `_failed_save`)."""
@@ -208,6 +214,9 @@ class Checkpointer:
             self._manager.wait_until_finished()
         except Exception as e:  # the error of the save's background threads
             error = e
+        finally:
+            if step is not None:
+                _ORBAX_ERRORS.saving -= 1
         complete = error is None and (step is None or os.path.isdir(self._step_dir(step)))
         if not _agree_across_processes(complete):
             self._failed_save(step, error)
@@ -215,10 +224,10 @@ class Checkpointer:
     def _step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
 
-    def _failed_save(self, step: int | None, error: BaseException | None) -> None:
+    def _failed_save(self, step: int | None, error: BaseException | None) -> NoReturn:
         """Removes what the failed save of `step` left, forgets the step, and raises one error naming the cause."""
         if jax.process_index() == 0 and step is not None:
-            for leftover in glob.glob(self._step_dir(step) + TMP_SUFFIX + "*"):
+            for leftover in glob.glob(glob.escape(self._step_dir(step) + TMP_SUFFIX) + "*"):
                 shutil.rmtree(leftover, ignore_errors=True)
         self._manager.reload()
         logged = _ORBAX_ERRORS.since(self._log_mark)
@@ -226,9 +235,9 @@ class Checkpointer:
         latest = self.latest_step()
         kept = "there is no complete checkpoint yet" if latest is None else f"the newest complete one is step {latest}"
         then = f"removed the partial {name}; {kept}"
-        errno_name = _disk_full_errno(error, logged)
+        errno_name = safe_files.disk_full_errno(error, *logged)
         if errno_name is not None:
-            raise disk_space.disk_full_error(self.directory, name, errno_name, then) from error
+            raise safe_files.disk_full_error(self.directory, name, errno_name, then) from error
         if error is not None:
             reason = _short_reason(error)
         else:
@@ -314,15 +323,6 @@ class Checkpointer:
             self._confirm_pending()
         finally:
             self._manager.close()
-
-
-def _disk_full_errno(error: BaseException | None, logged: list[str]) -> str | None:
-    """`"ENOSPC"`/`"EDQUOT"` if the error, or an error orbax logged from the save's threads, says the disk is full."""
-    for cause in (error, *logged):
-        errno_name = disk_space.disk_full_errno(cause)
-        if errno_name is not None:
-            return errno_name
-    return None
 
 
 def _free_path(path: str) -> str:

@@ -323,15 +323,16 @@ def _close(stop: _StopRequests, writer: metrics_lib.MetricsWriter, checkpointer,
     """Restores the signal handlers, closes the metrics and waits for and closes the checkpoints. `quietly` (the run
     is already failing) drops their own errors, so that the first error is the one reported."""
     stop.__exit__()
-    closers = [writer.close] + ([checkpointer.close] if checkpointer is not None else [])
     if quietly:
-        for close in closers:
+        for close in [writer.close] + ([checkpointer.close] if checkpointer is not None else []):
             with contextlib.suppress(Exception):
                 close()
         return
-    with contextlib.ExitStack() as closing:  # every closer runs even if one raises
-        for close in reversed(closers):
-            closing.callback(close)
+    try:  # both run even if the first raises; a checkpoint's error (the run's state) is the one that surfaces
+        writer.close()
+    finally:
+        if checkpointer is not None:
+            checkpointer.close()
 
 
 def _interrupt(signum: int, step: int, checkpointer, save, workdir: str) -> None:

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hackable_diffusion.data import disk_space
+from hackable_diffusion.data import safe_files
 
 _RESERVED = ("step", "split", "wall_time")
 
@@ -65,9 +65,7 @@ class MetricsWriter:
         except OSError as error:
             with contextlib.suppress(OSError):  # closes the file; the record that did not fit is dropped
                 self._file.close()
-            errno_name = disk_space.disk_full_errno(error)
-            if errno_name is not None:
-                raise disk_space.disk_full_error(os.path.dirname(self.path), "metrics.jsonl", errno_name) from error
+            safe_files.raise_if_disk_full(error, os.path.dirname(self.path), "metrics.jsonl")
             raise
         for k, v in floats.items():
             self._tb.add_scalar(f"{split}/{k}", v, int(step))
@@ -89,10 +87,8 @@ class MetricsWriter:
                 file.close()
         except OSError as error:
             _abandon_tensorboard(tb)
-            errno_name = disk_space.disk_full_errno(error)
-            if errno_name is not None:
-                what = "metrics.jsonl and the TensorBoard event files"
-                raise disk_space.disk_full_error(os.path.dirname(self.path), what, errno_name) from error
+            what = "metrics.jsonl and the TensorBoard event files"
+            safe_files.raise_if_disk_full(error, os.path.dirname(self.path), what)
             raise
 
 

@@ -2,12 +2,12 @@
 
 import math
 
+import enumerable_toy  # experiments/enumerable_toy.py (on sys.path through tests/conftest.py)
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import enumerable_toy  # experiments/enumerable_toy.py (on sys.path through tests/conftest.py)
 from hackable_diffusion.diffusion import elbos as L
 from hackable_diffusion.diffusion.processes import MaskingProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import CosineSchedule, LinearSchedule, MD4CosineSchedule

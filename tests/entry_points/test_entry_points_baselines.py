@@ -10,7 +10,6 @@ def test_masking_and_autoregressive_runs_train_sample_and_score(trained_text_run
     from _tiny_configs import TRAIN_OUTPUT
 
     from hackable_diffusion import cli, evaluate, run_config
-
     from hackable_diffusion.tasks.text_evaluation import Likelihood
 
     for process in ("masking", "none"):  # dense, 2 steps: tiny_text_config(process, steps=2, moe=False)

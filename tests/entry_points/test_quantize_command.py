@@ -17,12 +17,12 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_a_quantized_run_samples_and_scores_like_its_source(trained_text_runs, tmp_path):
     from hackable_diffusion import evaluate
-    from hackable_diffusion.tasks.text_evaluation import Likelihood
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.checkpoints import toolbox
     from hackable_diffusion.models import quantize as Q
     from hackable_diffusion.quantize import quantize_run
     from hackable_diffusion.tasks import text
+    from hackable_diffusion.tasks.text_evaluation import Likelihood
 
     source = str(trained_text_runs["none"])  # the autoregressive run: exact NLL, no Monte-Carlo noise
     out = tmp_path / "ar_fp8"

@@ -439,10 +439,10 @@ def test_moe_routing_drops_more_when_every_canvas_input_is_the_mask_token(tmp_pa
     """`noise_level_analysis.routing_at_levels` on a tiny masking MoE at initialisation, capacity T*k/E per expert: clean text
     spreads over the experts, while at t = 1 the canvas inputs are all [MASK], route alike and overflow."""
     from _tiny_configs import tiny_text_config
+    from noise_level_analysis import routing_at_levels
 
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.models import transformer as T
-    from noise_level_analysis import routing_at_levels
 
     config = tiny_text_config("masking", moe=True)
     config.model.moe.capacity_factor = 1.0

@@ -10,7 +10,7 @@ import pytest
 
 from hackable_diffusion.data.text import data_file
 from hackable_diffusion.data.tokenizers import MASK_ID
-from hackable_diffusion.tasks.sudoku import csv_io, generator, exact_solver
+from hackable_diffusion.tasks.sudoku import csv_io, exact_solver, generator
 from hackable_diffusion.tasks.sudoku import grids as grid_lib
 from hackable_diffusion.tasks.sudoku import metrics as sudoku_metrics
 from hackable_diffusion.tasks.sudoku.vocab import FIRST_DIGIT_ID, SudokuVocab

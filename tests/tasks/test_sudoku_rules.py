@@ -13,9 +13,9 @@ from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.sampling.constraints import LogitConstraint
 from hackable_diffusion.tasks.sudoku import generator
+from hackable_diffusion.tasks.sudoku.inference import SolverSettings, puzzle_sampler, solve_puzzles
 from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
 from hackable_diffusion.tasks.sudoku.rules import SudokuRules, same_unit_matrix
-from hackable_diffusion.tasks.sudoku.inference import SolverSettings, puzzle_sampler, solve_puzzles
 
 # Blanks in nine distinct rows, columns and boxes: each has eight givens in its row, so its digit is forced.
 FORCED_BLANKS = [(0, 0), (1, 3), (2, 6), (3, 1), (4, 4), (5, 7), (6, 2), (7, 5), (8, 8)]

@@ -23,8 +23,8 @@ from hackable_diffusion.tasks.sudoku import data as sudoku_data
 from hackable_diffusion.tasks.sudoku import generator
 from hackable_diffusion.tasks.sudoku import grids as grid_lib
 from hackable_diffusion.tasks.sudoku.data import GeneratedPuzzles, PuzzleFile
-from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
 from hackable_diffusion.tasks.sudoku.inference import solve_puzzles
+from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
 from hackable_diffusion.tasks.sudoku.vocab import SudokuVocab
 
 

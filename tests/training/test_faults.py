@@ -21,7 +21,7 @@ import pytest
 from _commands import run_module
 from _training_helpers import _mesh, _run_toy_loop
 
-from hackable_diffusion.data import disk_space, text
+from hackable_diffusion.data import safe_files, text
 from hackable_diffusion.training import checkpointing, metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def test_full_disk_while_writing_the_token_cache_leaves_no_temporary_file(tmp_pa
 
     monkeypatch.setattr(text.np, "save", save_part_then_fail)
     cache = tmp_path / "data_cache"
-    with pytest.raises(disk_space.DiskFullError) as failure:
+    with pytest.raises(safe_files.DiskFullError) as failure:
         text._cached_stream(cache, "corpus_train", lambda: np.arange(10_000, dtype=np.int32))
     message = str(failure.value)
     assert isinstance(failure.value, ValueError) and "\n" not in message
@@ -133,7 +133,7 @@ def test_full_disk_while_writing_metrics_is_a_disk_full_error(tmp_path):
 
     writer._file.close()
     writer._file = FullFile()
-    with pytest.raises(disk_space.DiskFullError, match=r"metrics.jsonl .*errno ENOSPC"):
+    with pytest.raises(safe_files.DiskFullError, match=r"metrics.jsonl .*errno ENOSPC"):
         writer.write(2, {"loss": 0.5})
     writer.close()  # the failure was reported once; closing does not raise it again
     assert [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1]
@@ -168,7 +168,7 @@ def test_full_disk_while_checkpointing_keeps_earlier_checkpoints_and_removes_the
     tmp_path, monkeypatch, caplog, fail
 ):
     fail(monkeypatch, 3)  # the third checkpoint (step 3) finds the disk full
-    with caplog.at_level(logging.INFO), pytest.raises(disk_space.DiskFullError) as failure:
+    with caplog.at_level(logging.INFO), pytest.raises(safe_files.DiskFullError) as failure:
         _run_toy_loop(tmp_path, _mesh(devices=jax.devices()[:1]), 5, checkpoint_every=1)
     message = str(failure.value)
     assert "\n" not in message and isinstance(failure.value, ValueError)

@@ -9,8 +9,8 @@ import pathlib
 import numpy as np
 from jaxtyping import Int
 
-from hackable_diffusion.tasks.sudoku.grids import NUM_CELLS, is_valid_solution, respects_givens
 from hackable_diffusion.tasks.sudoku.exact_solver import solve
+from hackable_diffusion.tasks.sudoku.grids import NUM_CELLS, is_valid_solution, respects_givens
 
 _PUZZLE_COLUMNS = ("puzzle", "puzzles", "quizzes", "quiz")
 

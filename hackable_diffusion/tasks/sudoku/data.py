@@ -15,7 +15,7 @@ import numpy as np
 from jaxtyping import Bool, Int
 
 from hackable_diffusion.data import text as text_lib
-from hackable_diffusion.tasks.sudoku import csv_io, generator, exact_solver
+from hackable_diffusion.tasks.sudoku import csv_io, exact_solver, generator
 from hackable_diffusion.tasks.sudoku.layouts import layout_of
 from hackable_diffusion.tasks.sudoku.symmetry import RandomSymmetry
 from hackable_diffusion.tasks.sudoku.vocab import SudokuVocab

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 import numpy as np
 from jaxtyping import Int
 
-from hackable_diffusion.tasks.sudoku.grids import MIN_UNIQUE_GIVENS, NUM_CELLS, UNITS
 from hackable_diffusion.tasks.sudoku.exact_solver import (  # the solver's bitboards, shared with the carving
     _BIT,
     _BOX_OF,
@@ -36,6 +35,7 @@ from hackable_diffusion.tasks.sudoku.exact_solver import (  # the solver's bitbo
     _initial_state,
     _Search,
 )
+from hackable_diffusion.tasks.sudoku.grids import MIN_UNIQUE_GIVENS, NUM_CELLS, UNITS
 
 
 class GenerationError(RuntimeError):

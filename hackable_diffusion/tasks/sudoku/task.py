@@ -20,11 +20,11 @@ from jaxtyping import Int
 
 from hackable_diffusion.tasks.sudoku import data as data_lib
 from hackable_diffusion.tasks.sudoku import layouts
+from hackable_diffusion.tasks.sudoku.exact_solver import solver_class
 from hackable_diffusion.tasks.sudoku.grids import respects_givens
+from hackable_diffusion.tasks.sudoku.inference import SolverSettings, solve_puzzles
 from hackable_diffusion.tasks.sudoku.metrics import sudoku_metrics
 from hackable_diffusion.tasks.sudoku.recipes import upgrade_saved_config
-from hackable_diffusion.tasks.sudoku.inference import SolverSettings, solve_puzzles
-from hackable_diffusion.tasks.sudoku.exact_solver import solver_class
 
 if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment

@@ -49,14 +49,36 @@ def flag_value(argv: Sequence[str], name: str) -> str | None:
     return value
 
 
-def define_config_file_flag(argv: Sequence[str], help_text: str):
-    """`--config FILE` plus `--config.<path>=value` overrides of it (train, sft); unknown keys are refused first."""
+def define_config_file_flag(argv: Sequence[str], help_text: str) -> list[str]:
+    """`--config FILE[:ARG]` plus `--config.<path>=value` overrides of it (train, sft, convert). The file is read once,
+    here: unknown override keys are refused before absl parses anything, and the flag holds that config (absl applies
+    the overrides to it). Returns argv without the `--config FILE` argument, for `run_command` to parse."""
     from ml_collections import config_flags
 
     path = flag_value(argv, "config")
-    if path is not None:
-        check_overrides(load_config_file(path.split(":", 1)[0]), argv)
-    return config_flags.DEFINE_config_file("config", None, help_text)
+    if path is None:
+        config_flags.DEFINE_config_file("config", None, help_text)  # --help, or a command that will ask for it
+        return list(argv)
+    config = load_config_file(path)
+    check_overrides(config, argv)
+    remaining = without_flag(argv, "config")
+    config_flags.DEFINE_config_dict("config", config, help_text, sys_argv=remaining)  # overrides found in `remaining`
+    return remaining
+
+
+def without_flag(argv: Sequence[str], name: str) -> list[str]:
+    """argv without `--name=V` / `--name V` (its `--name.<path>=...` overrides stay)."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg.startswith(f"--{name}="):
+            continue
+        elif arg == f"--{name}" and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            skip = True
+        else:
+            out.append(arg)
+    return out
 
 
 def define_workdir_config_flag(argv: Sequence[str]) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict | None]:
@@ -198,7 +220,7 @@ def run_command(define_flags: Callable[[Sequence[str]], None], main: Callable[[S
     argv = list(sys.argv)
     show_traceback = bool(os.environ.get(TRACEBACK_ENV))
     try:
-        define_flags(argv)
+        argv = define_flags(argv) or argv  # a command may take arguments it has consumed out of argv
     except (ConfigKeyError, *USER_ERRORS) as err:
         fail(str(err))
     if any(arg in HELP_FLAGS for arg in argv[1:]):
@@ -240,13 +262,15 @@ def run_command(define_flags: Callable[[Sequence[str]], None], main: Callable[[S
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
-    """Imports a config file and calls its `get_config()` (the same contract as ml_collections' config flags)."""
+    """Imports a config file and calls its `get_config()`, or `get_config(ARG)` for `FILE:ARG` (ml_collections'
+    config-file contract)."""
+    path, _, argument = path.partition(":")
     spec = importlib.util.spec_from_file_location("_hd_config", path)
     if spec is None or not pathlib.Path(path).is_file():
         raise FileNotFoundError(f"Config file {path!r} not found.")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    return module.get_config(argument) if argument else module.get_config()
 
 
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:

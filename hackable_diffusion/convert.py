@@ -32,7 +32,7 @@ FORMATS = ("hf", "gemma", "workdir")
 
 
 def define_flags(argv: list[str]):
-    cli.define_config_file_flag(argv, "gemma sources: a model config file (configs/models/*.py) with the shape.")
+    argv = cli.define_config_file_flag(argv, "gemma sources: a model config file (configs/models/*.py) with the shape.")
     flags.DEFINE_string("from", None, "The source checkpoint: a Hugging Face directory, a gemma orbax tree or a run.")
     flags.DEFINE_string("to", None, "The directory to write.")
     flags.DEFINE_enum("from_format", None, list(FORMATS), "Source format (default: detected).")
@@ -43,6 +43,7 @@ def define_flags(argv: list[str]):
     flags.DEFINE_string("dtype", "", "Cast the parameters (e.g. bfloat16); empty keeps the stored dtypes.")
     flags.DEFINE_bool("ignore_unexpected", False, "hf/gemma sources: skip tensors the model has no place for.")
     flags.DEFINE_bool("overwrite", False, "Replace a non-empty --to directory whole (refused without it).")
+    return argv
 
 
 def detect_format(path: pathlib.Path) -> str:

@@ -99,6 +99,13 @@ def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
         init["weights"] = "ema" if init.pop("use_ema") else "raw"
         with config.unlocked():
             config.init = ml_collections.ConfigDict(init)
+    if "model" in config and "grid_embeddings" in config.model:  # the grid prior is now a task's structure prior
+        model = config.model.to_dict()
+        side, bias = int(model.pop("grid_embeddings") or 0), float(model.pop("grid_attention_bias", 0.0) or 0.0)
+        model.update(structure=f"grid:{side}" if side else "", structure_embeddings=bool(side))
+        model["structure_attention_bias"] = bias
+        with config.unlocked():
+            config.model = ml_collections.ConfigDict(model)
     if "model" in config:  # model fields a run saved before they were spelled out take their (training-time) default
         import dataclasses
 

@@ -163,7 +163,9 @@ def write_outputs(config: ml_collections.ConfigDict, path, fused: Any, lora: Any
 def define_flags(argv: list[str]):
     from absl import flags
 
-    cli.define_config_file_flag(argv, "SFT config file (configs/sft_*.py); override keys with --config.a.b=value.")
+    argv = cli.define_config_file_flag(
+        argv, "SFT config file (configs/sft_*.py); override keys with --config.a.b=value."
+    )
     flags.DEFINE_string(
         "init_from",
         None,
@@ -172,6 +174,7 @@ def define_flags(argv: list[str]):
     )
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints, fused_params, metrics, tokenizer.")
     flags.DEFINE_bool("sample_at_end", True, "Print a sample from the fine-tuned model at the end.")
+    return argv
 
 
 def main(argv):

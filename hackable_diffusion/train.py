@@ -24,13 +24,16 @@ FLAGS = flags.FLAGS
 
 def define_flags(argv: list[str]):
     """Flags of the command (defined only when run as a program, so the module imports cleanly elsewhere)."""
-    cli.define_config_file_flag(argv, "Experiment config file (configs/*.py); override keys with --config.a.b=value.")
+    argv = cli.define_config_file_flag(
+        argv, "Experiment config file (configs/*.py); override keys with --config.a.b=value."
+    )
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics.jsonl, tensorboard/, tokenizer.")
     flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host).")
     flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
     flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
     flags.DEFINE_integer("distributed_timeout_s", 60, "Seconds to wait for the other processes.")
     flags.DEFINE_bool("sample_at_end", True, "Print samples from the trained model at the end.")
+    return argv
 
 
 def run(config, workdir: str, *, sample_at_end: bool = True):

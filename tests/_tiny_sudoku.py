@@ -2,10 +2,11 @@
 
 from hackable_diffusion.models import presets
 from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
+from hackable_diffusion.tasks.sudoku.structure import grid_prior
 
 
 def tiny_sudoku_config(layout, process="masking", tmp_path=None):
-    model = dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9)
+    model = dict(presets.tiny(vocab_size=13, moe=False), **grid_prior(9))
     c = sudoku_config(model=model, steps=4, batch_size=8, num_train=64, layout=layout, process=process)
     c.data.num_eval = 8
     c.data.givens_min, c.data.givens_max = 30, 40

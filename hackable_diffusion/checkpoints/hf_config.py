@@ -192,8 +192,7 @@ def _refuse_export(cfg: TransformerConfig, model_type: str) -> None:
         "v_norm": (not cfg.v_norm, "Gemma-4 always norms v"),
         "scale_queries": (cfg.scale_queries, "Gemma-4 has no 1/sqrt(d) factor"),
         "rope_local_proportion": (cfg.rope_local_proportion != 1.0, "local layers rotate the whole head"),
-        "grid_embeddings": (bool(cfg.grid_embeddings), "no Hugging Face layer holds grid embeddings"),
-        "grid_attention_bias": (bool(cfg.grid_attention_bias), "no Hugging Face layer holds a grid bias"),
+        "structure": (bool(cfg.structure), "no Hugging Face layer holds a structure prior (models/structure.py)"),
         "depth_loops": (cfg.depth_loops != 1, "looped depth is not a Hugging Face architecture"),
         "self_conditioning": (
             cfg.self_conditioning != (model_type == DIFFUSION_GEMMA),

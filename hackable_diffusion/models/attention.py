@@ -16,10 +16,9 @@ parts is one softmax over their concatenated logits, so nothing is copied into t
 Deliberate differences from the reference: the canvas reads the cache without a functional copy being written
 (same result, less memory traffic); padded slots are excluded through `valid` in every mode (the reference's
 sliding/append masks ignore padding, docs/reference.md §5); the cache is never written past its end (callers check, the
-sampler raises before a canvas would not fit, instead of wrapping, §5 there). Not in the reference: for grid puzzles
-(`cfg.grid_attention_bias`), a learned per-head logit bias for query/key cells in the same row, column or box, a
-relational prior in the spirit of the puzzle graph that recurrent relational networks (Palm et al. 2018) pass
-messages on; keys in the cache get it from their stored positions.
+sampler raises before a canvas would not fit, instead of wrapping, §5 there). Not in the reference: a task's
+structure prior (`cfg.structure_attention_bias`, `models/structure.py`; Sudoku: same row, column or box), a learned
+per-head logit bias for query/key pairs that share a unit; keys in the cache get it from their stored positions.
 """
 
 from __future__ import annotations
@@ -37,11 +36,10 @@ from hackable_diffusion.models.layers import (
     RMSNorm,
     apply_rope,
     from_heads,
-    grid_bias_init,
-    grid_relations,
     rms_normalize,
     to_heads,
 )
+from hackable_diffusion.models.structure import get_structure, shared_units, unit_bias_init
 
 NEG_INF = -1e30
 
@@ -191,11 +189,14 @@ class Attention(nn.Module):
             elif not is_global:
                 prefix_mask = prefix_mask & sliding_window_mask(positions, cache_positions, cfg.sliding_window)
         bias = None
-        if cfg.grid_attention_bias:
-            # Grid-puzzle structure: a learned per-head bias for "same row / column / box" pairs (not in Gemma).
-            weights = self.param("grid_bias", grid_bias_init(cfg.grid_attention_bias), (3, cfg.num_heads), jnp.float32)
+        if cfg.structure_attention_bias:
+            # A task's structure prior (models/structure.py): a learned per-head bias for pairs sharing a unit.
+            structure = get_structure(cfg.structure)
+            shape = (len(structure.units), cfg.num_heads)
+            init = unit_bias_init(cfg.structure_attention_bias)
+            weights = self.param(f"{structure.name}_bias", init, shape, jnp.float32)
             key_pos = positions if layer_cache is None else jnp.concatenate([cache_positions, positions], axis=1)
-            relations = grid_relations(positions, key_pos, cfg.grid_embeddings)
+            relations = shared_units(structure, positions, key_pos)
             bias = jnp.einsum("brls,rn->bnls", relations, weights)  # b n l (s + l)
 
         if cfg.attention_impl == "dot_product":

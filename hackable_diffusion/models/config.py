@@ -113,13 +113,13 @@ class TransformerConfig:
     self_conditioning: bool = (
         False  # DiffusionGemma's self_conditioner on canvas embeddings (models/self_conditioning.py)
     )
-    # n > 0: tokens lie on an n x n grid with sqrt(n) x sqrt(n) boxes (a 9 x 9 puzzle: 9); cell = position mod n^2 and learned
-    # row, column and box embeddings are added to the input (layers.GridEmbedding). 0: none (text).
-    grid_embeddings: int = 0
-    # > 0 (needs grid_embeddings): every attention layer adds a learned per-head bias to the logit of a query/key pair
-    # of cells in the same row, the same column or the same box (layers.grid_relations); heads start assigned round-robin
-    # to row / column / box / none with this initial bias. 0: no relational bias.
-    grid_attention_bias: float = 0.0
+    # A structure prior a task registered (models/structure.py), "NAME:ARGUMENT", e.g. the Sudoku task's "grid:9";
+    # "": none (text). structure_embeddings: learned embeddings of each position's units (row, column, box) added to
+    # the input. structure_attention_bias > 0: every attention layer adds a learned per-head bias to the logits of
+    # pairs that share a unit, heads starting round-robin over the units (and none) with this value; 0: no bias.
+    structure: str = ""
+    structure_embeddings: bool = False
+    structure_attention_bias: float = 0.0
     # Layer groups per iteration of the layer scan (parameters are identical for every value). 1: a rolled loop (fast
     # to compile, the training default); num_groups: fully unrolled, each layer's weights a static slice of the stack.
     # `transformer.with_scan_unroll` switches a built model, e.g. for decoding. Measured on CPU (presets.mini, 2
@@ -173,16 +173,16 @@ class TransformerConfig:
         for name in ("head_dim", "global_attn_head_dim"):
             if getattr(self, name) % 2:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be even for half-split RoPE.")
-        if self.grid_embeddings < 0 or (
-            self.grid_embeddings and round(self.grid_embeddings**0.5) ** 2 != self.grid_embeddings
-        ):
+        if self.structure:
+            from hackable_diffusion.models.structure import get_structure
+
+            get_structure(self.structure)  # registered, with a valid argument
+        if self.structure_attention_bias < 0:
+            raise ValueError(f"model.structure_attention_bias={self.structure_attention_bias} must be >= 0.")
+        if (self.structure_embeddings or self.structure_attention_bias) and not self.structure:
             raise ValueError(
-                f"grid_embeddings must be 0 or a square grid side (4, 9, 16, ...), got {self.grid_embeddings}."
-            )
-        if self.grid_attention_bias < 0 or (self.grid_attention_bias and not self.grid_embeddings):
-            raise ValueError(
-                f"model.grid_attention_bias={self.grid_attention_bias} must be >= 0, and > 0 needs the grid side in "
-                "model.grid_embeddings (e.g. 9 for a 9 x 9 grid)."
+                "model.structure_embeddings / structure_attention_bias need model.structure (e.g. 'grid:9' for a "
+                "9 x 9 grid puzzle)."
             )
         if self.depth_loops < 1:
             raise ValueError(f"model.depth_loops must be >= 1 (1 = every layer applied once), got {self.depth_loops}.")

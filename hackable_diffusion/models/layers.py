@@ -19,7 +19,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int
 
 
@@ -116,59 +115,6 @@ class RMSNorm(nn.Module):
             return y
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
         return (y.astype(jnp.float32) * scale.astype(jnp.float32)).astype(x.dtype)
-
-
-def grid_units(positions: Int[Array, "*b"], side: int) -> tuple[Int[Array, "*b"], Int[Array, "*b"], Int[Array, "*b"]]:
-    """Row, column and box (0..side-1) of each position's cell on a side x side grid (cell = position mod side^2)."""
-    box = round(side**0.5)
-    cell = jnp.mod(positions, side * side)
-    row, col = cell // side, cell % side
-    return row, col, (row // box) * box + col // box
-
-
-class GridEmbedding(nn.Module):
-    """Learned row, column and box embeddings of cells on an n x n grid (cell = position mod n^2).
-
-    Not in DiffusionGemma: a puzzle-structure prior for grid puzzles. RoPE only tells a layer the offset between two cells,
-    and whether two cells share a row, column or box depends on where they are, not only on their offset.
-    """
-
-    side: int
-    embed_dim: int
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, positions: Int[Array, "*b"]) -> Float[Array, "*b d"]:
-        n = self.side
-        index = dict(zip(("row", "column", "box"), grid_units(positions, n)))
-        init = nn.initializers.normal(stddev=3**-0.5)  # the sum has unit variance, like sqrt(d)-scaled tokens
-        out = 0.0
-        for name, idx in index.items():
-            table = self.param(name, init, (n, self.embed_dim), self.param_dtype)
-            out = out + jnp.take(table, idx, axis=0).astype(self.dtype)
-        return out
-
-
-def grid_relations(q_pos: Int[Array, "b l"], k_pos: Int[Array, "b s"], side: int) -> Float[Array, "b 3 l s"]:
-    """1.0 where query and key cells (position mod side^2) share a row, a column, a box (in that order), else 0.0."""
-    pairs = [a[:, :, None] == b[:, None, :] for a, b in zip(grid_units(q_pos, side), grid_units(k_pos, side))]
-    return jnp.stack(pairs, axis=1).astype(jnp.float32)
-
-
-def grid_bias_init(value: float):
-    """Initial (3, heads) relation weights: head h attends to its row, column, box or (every 4th) nothing extra."""
-
-    def init(key, shape, dtype=jnp.float32):
-        del key
-        relations, heads = shape
-        w = np.zeros(shape, np.float32)
-        for h in range(heads):
-            if h % 4 < relations:
-                w[h % 4, h] = value
-        return jnp.asarray(w, dtype)
-
-    return init
 
 
 class Embedder(nn.Module):

@@ -27,17 +27,26 @@ _RULES: dict[tuple[str, ...], tuple[str | None, ...]] = {
     ("linear",): ("mlp", "embed"),
     ("scale",): (None,),  # every RMSNorm
     ("skip_scale",): (None,),
-    ("grid_embedding", "row"): (None, "embed"),
-    ("grid_embedding", "column"): (None, "embed"),
-    ("grid_embedding", "box"): (None, "embed"),
-    ("attn", "grid_bias"): (None, "heads"),
 }
+
+
+def _structure_axes(names: Sequence[str]) -> tuple[str | None, ...] | None:
+    """A structure prior's parameters (`{name}_embedding/{unit}`, `attn/{name}_bias`, models/structure.py)."""
+    if len(names) >= 2 and names[-2].endswith("_embedding") and names[-2] != "input_embedding":
+        return (None, "embed")
+    if len(names) >= 2 and names[-2] == "attn" and names[-1].endswith("_bias"):
+        return (None, "heads")
+    return None
 
 
 def logical_axes(path: Sequence[str], shape: Sequence[int]) -> tuple[str | None, ...]:
     """Logical axes of the parameter at `path` (e.g. ('layers', 'block_0', 'attn', 'q_einsum'))."""
     names = [str(p) for p in path if str(p) != "params"]
-    for key, axes in _RULES.items():
+    rules = list(_RULES.items())
+    structure = _structure_axes(names)
+    if structure is not None:
+        rules = [(tuple(names[-2:]), structure)]
+    for key, axes in rules:
         if tuple(names[-len(key) :]) == key:
             if "layers" in names:
                 axes = ("layers",) + axes

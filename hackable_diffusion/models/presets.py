@@ -50,8 +50,9 @@ def gemma4_26b_a4b() -> dict[str, Any]:
         # not Gemma-4 architecture, spelled out so that every TransformerConfig field can be set by flag
         remat="none",
         self_conditioning=False,
-        grid_embeddings=0,
-        grid_attention_bias=0.0,
+        structure="",
+        structure_embeddings=False,
+        structure_attention_bias=0.0,
         scan_unroll=1,
         depth_loops=1,
         attention_impl="einsum",

@@ -39,9 +39,10 @@ from jaxtyping import Array, Bool, Float, Int
 from hackable_diffusion.models import quantize as Q
 from hackable_diffusion.models.attention import Attention, KVCache
 from hackable_diffusion.models.config import TransformerConfig, resolve_dtype
-from hackable_diffusion.models.layers import Embedder, FeedForward, GridEmbedding, RMSNorm
+from hackable_diffusion.models.layers import Embedder, FeedForward, RMSNorm
 from hackable_diffusion.models.moe import MoEFeedForward
 from hackable_diffusion.models.self_conditioning import NULL_SIGNALS, SelfConditioning
+from hackable_diffusion.models.structure import StructureEmbedding, get_structure
 
 AUX_KEYS = ("moe_load_balance_loss", "moe_router_z_loss", "moe_dropped_fraction")
 
@@ -121,8 +122,11 @@ class Transformer(nn.Module):
         cfg = self.cfg
         dtype, pdtype = resolve_dtype(cfg.compute_dtype), resolve_dtype(cfg.param_dtype)
         self.embedder = Embedder(cfg.vocab_size, cfg.embed_dim, dtype=dtype, param_dtype=pdtype)
-        if cfg.grid_embeddings:
-            self.grid_embedding = GridEmbedding(cfg.grid_embeddings, cfg.embed_dim, dtype=dtype, param_dtype=pdtype)
+        if cfg.structure_embeddings:  # a task's structure prior (models/structure.py), named by the structure
+            structure = get_structure(cfg.structure)
+            self.structure_embedding = StructureEmbedding(
+                structure, cfg.embed_dim, dtype=dtype, param_dtype=pdtype, name=f"{structure.name}_embedding"
+            )
         group = LayerGroup
         if cfg.remat != "none":
             policy = None if cfg.remat == "full" else jax.checkpoint_policies.dots_with_no_batch_dims_saveable
@@ -195,8 +199,8 @@ class Transformer(nn.Module):
             if not cfg.self_conditioning:
                 raise ValueError("sc_signal was given but model.self_conditioning is False.")
             x = self.self_conditioner(x, sc_signal)
-        if cfg.grid_embeddings:
-            x = x + self.grid_embedding(positions)
+        if cfg.structure_embeddings:
+            x = x + self.structure_embedding(positions)
 
         layer_caches, cache_positions, write_index = (), None, None
         if cache is not None:

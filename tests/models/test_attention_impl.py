@@ -60,7 +60,9 @@ def test_prefill_decode_and_canvas_over_the_cache_are_equal(decoder_window):
 
 
 def test_the_grid_bias_is_applied_the_same_way():
-    einsum, fused, params = _pair(grid_embeddings=4, grid_attention_bias=1.0, layer_pattern=("global", "global"))
+    from hackable_diffusion.tasks.sudoku.structure import grid_prior
+
+    einsum, fused, params = _pair(**grid_prior(4, 1.0), layer_pattern=("global", "global"))
     tokens = jax.random.randint(jax.random.key(4), (2, 16), 4, 64)
     params = jax.tree_util.tree_map_with_path(  # distinct per-head biases, so a head-order mix-up would show
         lambda p, x: x + jax.random.normal(jax.random.key(5), x.shape) if "grid_bias" in jax.tree_util.keystr(p) else x,

@@ -194,7 +194,7 @@ def test_unrolled_layer_scan_equals_rolled_in_every_mode():
 def test_looped_depth_equals_a_deeper_stack_with_repeated_weights():
     """depth_loops=2 over G groups is the same function as 2G groups whose stacked parameters are [p; p] (both in
     value and gradient), and it changes the output (the loop is really run). Writing a KV cache is refused."""
-    cfg = tiny_cfg(moe=None, grid_embeddings=0)
+    cfg = tiny_cfg(moe=None, structure="")
     looped = T.Transformer(dataclasses.replace(cfg, depth_loops=2))
     deep = T.Transformer(dataclasses.replace(cfg, num_layers=2 * cfg.num_layers))
     _, params = make(cfg)

@@ -16,6 +16,7 @@ from hackable_diffusion.tasks.sudoku import generator
 from hackable_diffusion.tasks.sudoku.inference import SolverSettings, puzzle_sampler, solve_puzzles
 from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
 from hackable_diffusion.tasks.sudoku.rules import SudokuRules, same_unit_matrix
+from hackable_diffusion.tasks.sudoku.structure import grid_prior
 
 # Blanks in nine distinct rows, columns and boxes: each has eight givens in its row, so its digit is forced.
 FORCED_BLANKS = [(0, 0), (1, 3), (2, 6), (3, 1), (4, 4), (5, 7), (6, 2), (7, 5), (8, 8)]
@@ -65,7 +66,7 @@ def test_sudoku_rules_exclude_exactly_the_digits_of_decided_peers():
 
 @pytest.mark.slow
 def test_constrained_sampler_fills_forced_cells_whatever_the_weights(tmp_path):
-    model = dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9)
+    model = dict(presets.tiny(vocab_size=13, moe=False), **grid_prior(9))
     c = sudoku_config(model=model, steps=4, batch_size=8, num_train=64)
     c.data.num_eval, c.data.cache_dir = 8, str(tmp_path / "cache")
     c.sampler.num_steps = 2  # nine blanks in two passes: several decided together

@@ -19,6 +19,7 @@ from hackable_diffusion.tasks.sudoku.exact_solver import solve
 from hackable_diffusion.tasks.sudoku.grids import conflicting_cells, is_valid_solution, respects_givens
 from hackable_diffusion.tasks.sudoku.inference import SolverSettings, puzzle_sampler, solve_puzzles
 from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
+from hackable_diffusion.tasks.sudoku.structure import grid_prior
 from hackable_diffusion.tasks.sudoku.symmetry import grid_symmetries, symmetry_views
 from hackable_diffusion.tasks.sudoku.task import evaluate_puzzles
 from hackable_diffusion.tasks.sudoku.vocab import FIRST_DIGIT_ID, VOCAB_SIZE
@@ -51,7 +52,7 @@ def test_symmetry_views_map_solutions_to_solutions_and_puzzles_to_puzzles():
 
 @pytest.mark.slow
 def test_solver_with_views(tmp_path):
-    model = dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9)
+    model = dict(presets.tiny(vocab_size=13, moe=False), **grid_prior(9))
     c = sudoku_config(model=model, steps=4, batch_size=8, num_train=64)
     c.data.num_eval, c.data.cache_dir = 8, str(tmp_path / "cache")
     c.sampler.num_steps = 6

@@ -9,4 +9,7 @@
 | `grids`, `rules`, `symmetry` | grid helpers, the rules as a logit constraint, the symmetry views |
 | `inference`, `search` | the model's solver loop (sampler, repairs, restarts) and the model-steered backtracking search |
 | `metrics` | DiffusionGemma's Sudoku metrics |
+| `structure` | the grid as the backbone's structure prior (`model.structure="grid:9"`), registered on import |
 """
+
+from hackable_diffusion.tasks.sudoku import structure as _structure  # noqa: F401  (registers "grid")

@@ -1,7 +1,7 @@
 """Config builders of the Sudoku task (configs/sudoku*.py), its `config.solver` section, and the upgrade of configs
 saved before the section existed.
 
-`config.solver` holds the inference-time settings of the solver loop (`solve.SolverSettings`): the rules constraint,
+`config.solver` holds the inference-time settings of the solver loop (`inference.SolverSettings`): the rules constraint,
 symmetry views, parallel attempts, repairs, restarts and the pass budget. All default to the model alone.
 """
 
@@ -15,10 +15,11 @@ import ml_collections
 
 from hackable_diffusion import recipes
 from hackable_diffusion.models import presets
+from hackable_diffusion.tasks.sudoku.structure import grid_prior
 
 
 def solver_section(**overrides: Any) -> ml_collections.ConfigDict:
-    """`config.solver` with `solve.SolverSettings`' defaults (the model alone), updated with `overrides`."""
+    """`config.solver` with `inference.SolverSettings`' defaults (the model alone), updated with `overrides`."""
     from hackable_diffusion.tasks.sudoku.inference import SolverSettings
 
     section = dataclasses.asdict(SolverSettings())
@@ -28,15 +29,15 @@ def solver_section(**overrides: Any) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({**section, **overrides})
 
 
-def sudoku_model(vocab_size: int = 13, grid_embeddings: int = 9, grid_attention_bias: float = 4.0) -> dict[str, Any]:
+def sudoku_model(vocab_size: int = 13, grid_side: int = 9, grid_attention_bias: float = 4.0) -> dict[str, Any]:
     """4.54M parameters, bidirectional, every layer global (81 cells need no sliding window), dense FFN.
 
     Derived from the 26B-A4B dictionary (qk-norm, softcap, gated-GELU FFN); full RoPE on the global layers (the
     reference rotates a quarter of the global head: with no absolute position embedding, the cell's row/column
     has to come from positions) and separate K and V projections. Two Sudoku priors, neither in DiffusionGemma:
-    learned row/column/box input embeddings (`grid_embeddings`) and a learned per-head attention-logit bias for cells
-    in the same row/column/box (`grid_attention_bias`, its initial value; heads start assigned round-robin to row,
-    column, box, none). In a 500-step probe (margin 12 on 300 held-out 24-50-givens puzzles): no bias 44.7%
+    learned row/column/box input embeddings and a learned per-head attention-logit bias for cells in the same
+    row/column/box (the grid structure prior, `structure.grid_prior`; `grid_attention_bias` is the initial value
+    of `model.structure_attention_bias`, heads start assigned round-robin to row, column, box, none). In a 500-step probe (margin 12 on 300 held-out 24-50-givens puzzles): no bias 44.7%
     exact, initial bias 2: 74.3%, 4: 79.7%, 6: 78.3%, 8: 79.0%.
     """
     return presets.derived(
@@ -57,8 +58,7 @@ def sudoku_model(vocab_size: int = 13, grid_embeddings: int = 9, grid_attention_
         moe=None,
         param_dtype="float32",
         compute_dtype="float32",
-        grid_embeddings=grid_embeddings,
-        grid_attention_bias=grid_attention_bias,
+        **grid_prior(grid_side, grid_attention_bias),
         self_conditioning=False,  # True with diffusion.self_condition_prob > 0: see configs/sudoku.py
         depth_loops=1,  # > 1: the 6 layers applied again, same weights (in-place layout only): configs/sudoku_looped.py
     )

@@ -15,8 +15,8 @@ import dataclasses
 import jax.numpy as jnp
 from jaxtyping import Array, Bool
 
-from hackable_diffusion.models.layers import grid_units
 from hackable_diffusion.sampling.constraints import LogitConstraint
+from hackable_diffusion.tasks.sudoku.structure import grid_units
 from hackable_diffusion.tasks.sudoku.vocab import FIRST_DIGIT_ID
 
 

@@ -1,5 +1,6 @@
-"""The grid priors of the backbone (`models/layers.py`, `models/attention.py`): row + column + box input embeddings,
-same-row/column/box relations, and the learned attention bias, whose cached decode equals a full pass."""
+"""The Sudoku grid as the backbone's structure prior (`tasks/sudoku/structure.py` through the hook of
+`models/structure.py`): row + column + box input embeddings, same-row/column/box relations, the learned attention
+bias, whose cached decode equals a full pass; the config checks, and runs saved with the old grid fields."""
 
 import jax
 import jax.numpy as jnp
@@ -11,11 +12,12 @@ from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models.config import TransformerConfig
-from hackable_diffusion.models.layers import GridEmbedding
+from hackable_diffusion.models.structure import StructureEmbedding, shared_units
+from hackable_diffusion.tasks.sudoku.structure import GridStructure, grid_prior
 
 
 def test_grid_embedding_is_row_plus_column_plus_box_and_periodic():
-    module = GridEmbedding(9, 8)
+    module = StructureEmbedding(GridStructure(9), 8)
     positions = jnp.arange(162)[None]
     params = module.init(jax.random.key(0), positions)["params"]
     out = module.apply({"params": params}, positions)[0]
@@ -31,9 +33,13 @@ def test_grid_embedding_is_row_plus_column_plus_box_and_periodic():
 
 @pytest.mark.slow
 def test_grid_embedding_config_checks_and_effect():
-    with pytest.raises(ValueError, match="square grid side"):
-        TransformerConfig.from_dict(dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=5))
-    base = dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9)
+    with pytest.raises(ValueError, match="must be a square"):
+        TransformerConfig.from_dict(dict(presets.tiny(vocab_size=13, moe=False), **grid_prior(5)))
+    with pytest.raises(ValueError, match="needs the grid side"):
+        TransformerConfig.from_dict(dict(presets.tiny(vocab_size=13, moe=False), structure="grid:nine"))
+    with pytest.raises(ValueError, match="no structure 'hexgrid' is registered"):
+        TransformerConfig.from_dict(dict(presets.tiny(vocab_size=13, moe=False), structure="hexgrid:9"))
+    base = dict(presets.tiny(vocab_size=13, moe=False), **grid_prior(9))
     model = T.Transformer(TransformerConfig.from_dict(base))
     params = T.init_params(model, jax.random.key(0))
     assert set(params["grid_embedding"]) == {"row", "column", "box"}
@@ -46,12 +52,10 @@ def test_grid_embedding_config_checks_and_effect():
 
 
 def test_grid_relations_match_rows_columns_and_boxes():
-    from hackable_diffusion.models.layers import grid_relations
-
     cells = np.arange(81)
     index = {"row": cells // 9, "col": cells % 9, "box": cells // 27 * 3 + cells % 9 // 3}
     pos = jnp.arange(162)[None]  # prompt and canvas copies of the 81 cells
-    rel = np.asarray(grid_relations(pos, pos, 9))[0]
+    rel = np.asarray(shared_units(GridStructure(9), pos, pos))[0]
     assert rel.shape == (3, 162, 162)
     for r, name in enumerate(("row", "col", "box")):
         same = index[name][:, None] == index[name][None, :]
@@ -62,13 +66,11 @@ def test_grid_relations_match_rows_columns_and_boxes():
 
 @pytest.mark.slow
 def test_grid_attention_bias_config_init_and_cached_decode_equals_full_pass():
-    with pytest.raises(ValueError, match="grid_attention_bias"):
-        TransformerConfig.from_dict(dict(presets.tiny(vocab_size=13, moe=False), grid_attention_bias=1.0))
-    with pytest.raises(ValueError, match="grid_attention_bias"):
-        TransformerConfig.from_dict(
-            dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9, grid_attention_bias=-1.0)
-        )
-    shape = dict(presets.tiny(vocab_size=13, moe=False), grid_embeddings=9, grid_attention_bias=2.0)
+    with pytest.raises(ValueError, match="need model.structure"):
+        TransformerConfig.from_dict(dict(presets.tiny(vocab_size=13, moe=False), structure_attention_bias=1.0))
+    with pytest.raises(ValueError, match="structure_attention_bias"):
+        TransformerConfig.from_dict(dict(presets.tiny(vocab_size=13, moe=False), **grid_prior(9, -1.0)))
+    shape = dict(presets.tiny(vocab_size=13, moe=False), **grid_prior(9, 2.0))
     model = T.Transformer(TransformerConfig.from_dict(shape))
     params = T.init_params(model, jax.random.key(0))
     found = [v for p, v in jax.tree_util.tree_flatten_with_path(params)[0] if "grid_bias" in jax.tree_util.keystr(p)]
@@ -94,3 +96,22 @@ def test_grid_attention_bias_config_init_and_cached_decode_equals_full_pass():
     _, cache = T.append(model, params, tokens[:, :81], cache)
     step, _ = T.append(model, params, tokens[:, 81:], cache)
     np.testing.assert_allclose(step, full[:, 81:], atol=2e-4, rtol=2e-4)
+
+
+def test_runs_saved_with_the_grid_fields_load_with_the_structure_prior(tmp_path):
+    """Sudoku runs saved `model.grid_embeddings` / `grid_attention_bias`; they load as the grid structure prior, with
+    the same parameter names (`grid_embedding/row`, `attn/grid_bias`)."""
+    import json
+
+    from hackable_diffusion import run_config
+    from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
+
+    saved = sudoku_config().to_dict()
+    for key in ("structure", "structure_embeddings", "structure_attention_bias"):
+        del saved["model"][key]
+    saved["model"].update(grid_embeddings=9, grid_attention_bias=4.0)
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    model = run_config.load_saved_config(str(tmp_path)).model
+    assert (model.structure, model.structure_embeddings, model.structure_attention_bias) == ("grid:9", True, 4.0)
+    assert "grid_embeddings" not in model and "grid_attention_bias" not in model
+    TransformerConfig.from_dict(model.to_dict())

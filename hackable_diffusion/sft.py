@@ -163,15 +163,9 @@ def write_outputs(config: ml_collections.ConfigDict, path, fused: Any, lora: Any
 def define_flags(argv: list[str]):
     from absl import flags
 
-    argv = cli.define_config_file_flag(
-        argv, "SFT config file (configs/sft_*.py); override keys with --config.a.b=value."
-    )
-    flags.DEFINE_string(
-        "init_from",
-        None,
-        "Where the base weights come from, as KIND:PATH with KIND hf (a Hugging Face directory), gemma, toolbox or "
-        "params; sets config.init.kind and config.init.checkpoint.",
-    )
+    argv = cli.define_config_file_flag(argv, "SFT config file (configs/sft_*.py); override keys: --config.a.b=value.")
+    base = "The base weights, KIND:PATH, KIND one of hf (a Hugging Face directory), gemma, toolbox, params; sets "
+    flags.DEFINE_string("init_from", None, base + "config.init.kind and config.init.checkpoint.")
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints, fused_params, metrics, tokenizer.")
     flags.DEFINE_bool("sample_at_end", True, "Print a sample from the fine-tuned model at the end.")
     return argv

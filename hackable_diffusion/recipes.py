@@ -331,6 +331,65 @@ def sft_config(
     return c
 
 
+def rl_sections(
+    config: ml_collections.ConfigDict,
+    *,
+    checkpoint: str,
+    objective: str = "diffu_grpo",
+    steps: int = 200,
+    lora_rank: int = 0,
+    peak_lr: float = 1e-5,
+) -> ml_collections.ConfigDict:
+    """`config` (a task's training config) made an RL config for `python -m hackable_diffusion.rl`: the starting
+    weights (`init`, a toolbox run by default), `lora` (rank 0: full), the `rl` section (docs/rl.md), a constant
+    learning rate after a short warm-up, no EMA."""
+    c = config.copy_and_resolve_references()
+    c.init = ml_collections.ConfigDict(
+        dict(
+            kind="toolbox",  # "toolbox" | "params" | "gemma" | "hf"
+            checkpoint=checkpoint,
+            weights="ema",  # toolbox: the run's EMA weights when it kept them, "raw" the trained ones
+            inherit_diffusion=True,
+            tokenizer_dir="",
+            ignore_unexpected=False,
+            decoder_window="per_token",
+            dtype="",
+        )
+    )
+    c.lora = ml_collections.ConfigDict(
+        dict(rank=lora_rank, alpha=float(max(2 * lora_rank, 1)), targets=lora_lib.DEFAULT_TARGETS,
+             include_experts=False, freeze_router=False)
+    )  # fmt: skip
+    c.rl = ml_collections.ConfigDict(
+        dict(
+            objective=objective,  # "diffu_grpo" | "wd1" | "elbo" | "ar_grpo"
+            prompts_per_rollout=8,  # K prompts per rollout
+            group_size=8,  # G completions per prompt
+            inner_updates=2,  # mu optimizer steps per rollout batch
+            prompt_mask_prob=0.15,  # diffu-GRPO / wd1: each prompt token masked with this probability (0 for AR runs)
+            advantage_scale="std",  # "std": (r - mean) / std per group; "none": r - mean
+            clip_eps=0.2,  # ratio objectives' clip
+            kl_beta=0.0,  # weight of the k3 KL to the starting weights
+            wd1_psi=1.0,  # wd1: softmax temperature on the advantages
+            wd1_negative_weight=1.0,  # wd1: weight of the negative samples' term
+            elbo_draws=4,  # ELBO policy gradient: noise draws per completion
+            shaped_reward=False,  # the task's partial credit (Sudoku: rewards.py) on top of exact = 1
+            temperature=1.0,  # rollouts draw tokens at this temperature
+        )
+    )
+    c.optimizer.peak_lr = peak_lr
+    c.optimizer.end_lr = peak_lr
+    c.optimizer.warmup_steps = min(10, steps)
+    c.optimizer.total_steps = 0
+    c.optimizer.weight_decay = 0.0
+    c.train.num_steps = steps
+    c.train.ema_decay = 0.0
+    c.train.log_every = 5
+    c.train.eval_every = 50
+    c.train.checkpoint_every = 25
+    return c
+
+
 SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every result
     "num_steps",
     "min_temperature",

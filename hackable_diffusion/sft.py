@@ -183,12 +183,7 @@ def main(argv):
     cli.quiet_library_logs()
     config = FLAGS.config
     if FLAGS.init_from:
-        kind, _, checkpoint = FLAGS.init_from.partition(":")
-        if kind not in base_weights.INIT_KINDS or kind == "scratch" or not checkpoint:
-            raise app.UsageError(
-                f"--init_from={FLAGS.init_from!r} must be KIND:PATH with KIND one of hf, gemma, toolbox, params."
-            )
-        config.init.kind, config.init.checkpoint = kind, checkpoint
+        base_weights.set_init_from(config, FLAGS.init_from)
     print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
     run_sft(config, FLAGS.workdir, sample_at_end=FLAGS.sample_at_end)
 

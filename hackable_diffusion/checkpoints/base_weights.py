@@ -54,10 +54,18 @@ def _model_config(shape: Mapping[str, Any], vocab_size: int | None) -> Transform
 @dataclasses.dataclass(frozen=True)
 class Base:
     model: T.Transformer
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None: a toolbox run of a task with its own fixed vocabulary (Sudoku)
     params: PyTree
     source: str
     source_config: ml_collections.ConfigDict | None = None  # the source run's config.json, if any
+
+
+def set_init_from(config: ml_collections.ConfigDict, spec: str) -> None:
+    """Sets `config.init.kind` and `config.init.checkpoint` from a command's `--init_from KIND:PATH` (in place)."""
+    kind, _, checkpoint = spec.partition(":")
+    if kind not in INIT_KINDS or kind == "scratch" or not checkpoint:
+        raise ValueError(f"--init_from={spec!r} must be KIND:PATH with KIND one of toolbox, params, gemma, hf.")
+    config.init.kind, config.init.checkpoint = kind, checkpoint
 
 
 def load_base(config: ml_collections.ConfigDict) -> Base:
@@ -72,18 +80,24 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
                 "params directory for kind 'params')."
             )
         source = pathlib.Path(init.checkpoint)
+        if not source.exists():
+            raise ValueError(
+                f"config.init.checkpoint={str(source)!r} does not exist: give a toolbox run directory (kind 'toolbox') "
+                "or a params directory (kind 'params')."
+            )
         run_dir = source.parent if (source.name == "checkpoints" or init.kind == "params") else source
         tokenizer_dir = run_dir / "tokenizer"
-        tokenizer = (
-            tok_lib.load_tokenizer(tokenizer_dir)
-            if (tokenizer_dir / tok_lib.CONFIG_FILE).is_file()
-            else _corpus_tokenizer(config)
-        )
         shape, source_config = config.model.to_dict(), None
         if (run_dir / "config.json").is_file():
             source_config = run_config.load_saved_config(str(run_dir))
             shape = source_config.model.to_dict()
-        cfg = _model_config(shape, tokenizer.vocab_size)
+        if (tokenizer_dir / tok_lib.CONFIG_FILE).is_file():
+            tokenizer = tok_lib.load_tokenizer(tokenizer_dir)
+        elif (source_config or config).data.get("task", "text") != "text":
+            tokenizer = None  # a task with a fixed vocabulary (Sudoku): the task builds it
+        else:
+            tokenizer = _corpus_tokenizer(config)
+        cfg = _model_config(shape, tokenizer.vocab_size if tokenizer is not None else None)
         if init.kind == "params":
             params, where = load_params_directory(source), f"params:{source}"
         else:
@@ -93,13 +107,17 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
         return Base(T.Transformer(cfg), tokenizer, params, where, source_config)
     if init.kind == "hf":
         return _load_hf_base(config)
-    tokenizer = _corpus_tokenizer(config)
+    own_vocabulary = config.data.get("task", "text") != "text"  # e.g. Sudoku: the task builds its vocabulary
+    tokenizer = None if own_vocabulary else _corpus_tokenizer(config)
     # A gemma tree fixes the vocabulary (config.model.vocab_size); a scratch model takes the tokenizer's.
-    vocab = (config.model.get("vocab_size") or tokenizer.vocab_size) if init.kind == "gemma" else tokenizer.vocab_size
+    if tokenizer is None or init.kind == "gemma":
+        vocab = config.model.get("vocab_size") or tokenizer.vocab_size
+    else:
+        vocab = tokenizer.vocab_size
     cfg = _model_config(config.model.to_dict(), vocab)
     if init.kind == "gemma":
         cfg = cfg.dropless()  # pretrained weights: capacity dropping would change their outputs
-    if tokenizer.vocab_size > cfg.vocab_size:
+    if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"The tokenizer has {tokenizer.vocab_size} ids but model.vocab_size={cfg.vocab_size}.")
     model = T.Transformer(cfg)
     if init.kind == "gemma":

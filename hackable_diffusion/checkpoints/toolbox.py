@@ -50,15 +50,24 @@ def load_params(exp: Experiment, workdir: str, *, weights: str = "ema", step: in
         from hackable_diffusion.checkpoints import quantized_runs
 
         return quantized_runs.load_quantized_run(workdir)
-    if config.get("init", {}).get("kind") == "hf":  # a run made from a Hugging Face checkpoint: its weights
+    trained_here = (pathlib.Path(workdir) / "checkpoints").is_dir()
+    if config.get("init", {}).get("kind") == "hf" and not trained_here:  # `hf:DIR` as a run: its weights
         from hackable_diffusion.checkpoints import hf as hf_ckpt
 
         return hf_ckpt.load_hf(config.init.checkpoint, dtype=exp.model.cfg.param_dtype).params, 0
-    optimizer = optimizers.make_optimizer(builders.optimizer_config(config))
+    adapter = builders.build_adapter(config) if "lora" in config else None  # a LoRA run holds {base, lora}
+    mask = None
+    if adapter is not None:
+        mask = lora_lib.trainable_mask
+    elif "lora" in config and config.lora.get("freeze_router", False):
+        mask = lora_lib.router_frozen_mask
+    optimizer = optimizers.make_optimizer(builders.optimizer_config(config), mask)
     with_ema = config.train.ema_decay > 0
 
     def create():
         params = T.init_params(exp.model, jax.random.key(0))
+        if adapter is not None:
+            params = lora_lib.init_state(adapter, params, jax.random.key(0))
         return TrainState.create(params, optimizer, jax.random.key(0), use_ema=with_ema)
 
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -78,6 +87,8 @@ def load_params(exp: Experiment, workdir: str, *, weights: str = "ema", step: in
     finally:
         ckpt.close()
     params = state.ema_params if (weights == "ema" and state.ema_params is not None) else state.params
+    if adapter is not None:  # the fused weights: what the run's model computes
+        params = jax.jit(adapter.merge)(params[lora_lib.BASE_KEY], params[lora_lib.LORA_KEY])
     return params, int(step)
 
 

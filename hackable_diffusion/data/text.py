@@ -197,6 +197,40 @@ def make_train_dataset(
     return indices.map(GatherLocalBatch(sequences, start, start + batch_size))
 
 
+@dataclasses.dataclass(frozen=True)
+class _SplitTokensAndFixed:
+    """(b, 2l) rows of [tokens | fixed] -> {"tokens": int32 (b, l), "fixed": bool (b, l)}."""
+
+    length: int
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = batch["tokens"]
+        return {"tokens": rows[:, : self.length], "fixed": rows[:, self.length :].astype(bool)}
+
+
+def make_fixed_rows_iterator(
+    tokens: Int[np.ndarray, "n l"],
+    fixed: Any,
+    batch_size: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    random_map: Any = None,
+):
+    """`make_train_dataset` over rows with a `fixed` mask (puzzle givens, a prompt: attended, never noised), as
+    `{"tokens", "fixed"}` batches: shuffled, repeated, checkpointable (grain). `random_map` (a grain RandomMapTransform,
+    e.g. Sudoku's random symmetry) maps every batch with its own seeded randomness."""
+    tokens, fixed = np.asarray(tokens), np.asarray(fixed)
+    if tokens.shape != fixed.shape or tokens.ndim != 2:
+        raise ValueError(f"tokens and fixed must be (n, l) arrays of one shape, got {tokens.shape}, {fixed.shape}.")
+    rows = np.concatenate([tokens.astype(np.int32), fixed.astype(np.int32)], axis=1)
+    dataset = make_train_dataset(rows, batch_size, seed, process_index, process_count)
+    dataset = dataset.map(_SplitTokensAndFixed(tokens.shape[1]))
+    if random_map is not None:
+        dataset = dataset.random_map(random_map, seed=seed + process_index)
+    return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
+
+
 def make_train_iterator(
     sequences: Int[np.ndarray, "s l"],
     batch_size: int,

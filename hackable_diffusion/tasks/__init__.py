@@ -2,13 +2,18 @@
 
 The generic layers (models, diffusion, sampling, training) know nothing of a task. A task supplies the data (and its
 tokenizer), adapts the generic objective to its rows, feeds the training loop, scores the model during and after
-training, and may hand the sampler a constraint or symmetry views. Two tasks ship:
+training, and may hand the sampler a constraint or symmetry views. Three tasks ship:
 
 * `text` (`tasks/text.py`): packed text corpora (tiny Shakespeare, PTB), likelihood (ELBO / exact NLL) in bits per
   token / character or perplexity per word, samples and their generative perplexity.
 * `sudoku` (`tasks/sudoku/`): puzzles solved in place, as a canvas after a prompt, or left to right; the solver loop
   (repairs, restarts, a pass budget, parallel attempts), the rules constraint, the symmetry views and DiffusionGemma's
   Sudoku metrics.
+* `countdown` (`tasks/countdown/`): reach a target with arithmetic over given numbers, answered in place or left to
+  right, scored by an exact verifier that also gives the reward of reinforcement learning.
+
+A task that can be post-trained from a verifiable reward (`python -m hackable_diffusion.rl`) also has the RL hooks of
+`RewardTask`: its prompts, a rollout with the run's own sampler, the reward, and the rows the policy scored.
 
 `config.data.task` names the task; `get_task` is the one lookup. Each task owns its evaluation (`Task.evaluation_from_flags`: the flags
 `python -m hackable_diffusion.evaluate` takes for its runs), so the evaluate command itself is task-free.
@@ -70,7 +75,30 @@ class Evaluation(Protocol):
     def __call__(self, exp: Experiment, params: Any, *, seed: int, load_run: Callable[[str], tuple]) -> dict: ...
 
 
-TASKS = {"text": "hackable_diffusion.tasks.text:TextTask", "sudoku": "hackable_diffusion.tasks.sudoku.task:SudokuTask"}
+class RewardTask(Task, Protocol):
+    """The hooks `rl.rollouts.RolloutStream` calls (Sudoku and Countdown have them; text has no verifiable reward)."""
+
+    def rl_prompts(self, exp: Experiment) -> Any:
+        """The prompts RL trains on: an array with one problem per row, in the task's own encoding."""
+
+    def rollout(self, exp: Experiment, params: Any, prompts: Any, *, seed: int, config: Any) -> Any:
+        """One completion per prompt row from the run's jitted sampler (`config.sampler`: RL sets the temperature);
+        row i's randomness depends on (seed, i) alone."""
+
+    def reward(self, prompts: Any, completions: Any) -> Any:
+        """float32 (n,): 1.0 for an exactly right completion, 0.0 for a wrong or malformed one (never an exception);
+        a task may accept keyword options such as Sudoku's `shaped=True` partial credit (< 1)."""
+
+    def policy_rows(self, exp: Experiment, prompts: Any, completions: Any) -> dict:
+        """`{"tokens": int32 (n, l), "completion": bool (n, l)}`: the sequence the policy scores and which of its
+        positions the sampler generated (in place: the blanks; AR: the continuation after the prompt)."""
+
+
+TASKS = {
+    "text": "hackable_diffusion.tasks.text:TextTask",
+    "sudoku": "hackable_diffusion.tasks.sudoku.task:SudokuTask",
+    "countdown": "hackable_diffusion.tasks.countdown.task:CountdownTask",
+}
 
 
 def get_task(name: str) -> Task:

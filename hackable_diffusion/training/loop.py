@@ -50,6 +50,7 @@ from hackable_diffusion.training.train_state import TrainState, jit_train_step, 
 
 PyTree = Any
 Hook = Callable[[int, TrainState, Mapping[str, float]], None]
+BeforeStep = Callable[[int, TrainState], None]
 EvalFn = Callable[[PyTree, PyTree | None], Mapping[str, Any]]
 
 
@@ -172,6 +173,7 @@ def train(
     eval_fn: EvalFn | None = None,
     trainable_mask: Any = None,
     hooks: Sequence[Hook] = (),
+    before_step: Sequence[BeforeStep] = (),
     drop_indivisible: bool = False,
     compiler_options: Mapping[str, Any] | None = None,
 ) -> TrainState:
@@ -190,6 +192,8 @@ def train(
       eval_fn: `eval_fn(params, ema_params) -> metrics`, called every `loop.eval_every` steps and at the end.
       trainable_mask: a pytree of bools (LoRA, a frozen router): only True leaves are updated.
       hooks: `hook(step, state, metrics)` after every step (after logging and checkpointing).
+      before_step: `before_step(step, state)` before each step's batch is drawn: an iterator whose batches depend on
+        the current parameters (RL rollouts, `rl.rollouts`) reads them here, on a resumed run too.
       compiler_options: XLA options for the init and train-step programs (see `train_state.jit_train_step`).
 
     Raises:
@@ -265,6 +269,8 @@ def train(
     try:
         stop.__enter__()
         for step in range(start_step + 1, cfg.total_steps + 1):
+            for prepare in before_step:
+                prepare(step, state)
             host_batch = next(train_iterator)
             if progress is None:
                 global_batch = next(iter(jax.tree.leaves(host_batch))).shape[0] * jax.process_count()

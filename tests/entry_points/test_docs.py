@@ -72,7 +72,8 @@ def check_commands(commands: list[list[str]]) -> list[str | None]:
     for i, argv in enumerate(commands):
         if argv[1] == "-m":
             module = argv[2]
-            if not (REPO / (module.replace(".", "/") + ".py")).is_file():
+            path = REPO / module.replace(".", "/")
+            if not (path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()):
                 problems[i] = f"no module {module}"
                 continue
             by_script.setdefault(("-m", module), []).append(i)

@@ -168,11 +168,27 @@ def check_hf_checkpoint(out: pathlib.Path, text: str, nb):
         assert float(same) == 1.0 if convention == "cache_tail" else 0.0 <= float(same) <= 1.0
 
 
+def check_rl_playground(out: pathlib.Path, text: str, nb):
+    assert_png(out / "rl_reward_curve.png")
+    assert_png(out / "rl_before_after.png")
+    assert inline_images(nb) >= 2, "the pictures were not shown inline"
+    curve = re.search(r"(\d+) train records; first reward ([\d.]+), last reward ([\d.]+)", text)
+    assert curve, "the curve cell did not report what it read from metrics.jsonl"
+    assert int(curve.group(1)) == 6  # quick mode: 6 RL steps, a record at every step
+    assert all(0.0 <= float(curve.group(i)) <= 1.0 for i in (2, 3)), curve.group(0)  # finite: "nan" does not match
+    rows = {row[0]: row[1:] for row in table_rows(out / "rl_before_after.md")}
+    assert list(rows) == ["before RL", "after RL"], rows
+    for name, (exact, blank_accuracy, reward) in rows.items():
+        assert 0 <= float(exact) <= 100 and 0 <= float(blank_accuracy) <= 100, name
+        assert 0 <= float(reward) <= 1, name
+
+
 CHECKS = {
     "sampler_playground": check_sampler_playground,
     "training": check_training,
     "sudoku": check_sudoku,
     "hf_checkpoint": check_hf_checkpoint,
+    "rl_playground": check_rl_playground,
 }
 
 

@@ -86,17 +86,6 @@ def build_data(config: ml_collections.ConfigDict) -> SudokuData:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class _SplitTokensAndFixed:
-    """(b, 2*81) rows of [tokens | fixed] -> {"tokens": int32 (b, 81), "fixed": bool (b, 81)}."""
-
-    length: int
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = batch["tokens"]
-        return {"tokens": rows[:, : self.length], "fixed": rows[:, self.length :].astype(bool)}
-
-
 def make_train_iterator(
     tokens: Int[np.ndarray, "n l"],
     fixed: Bool[np.ndarray, "n l"],
@@ -106,21 +95,14 @@ def make_train_iterator(
     process_count: int = 1,
     augment_symmetry: bool = False,
 ):
-    """`data.text.make_train_iterator` over (tokens, fixed) rows: shuffled, repeated, checkpointable (grain);
-    `augment_symmetry` maps every row by its own random element of the Sudoku group (`symmetry.RandomSymmetry`)."""
-    import grain
-
-    tokens, fixed = np.asarray(tokens), np.asarray(fixed)
-    if tokens.shape != fixed.shape or tokens.ndim != 2:
-        raise ValueError(f"tokens and fixed must be (n, l) arrays of one shape, got {tokens.shape}, {fixed.shape}.")
-    rows = np.concatenate([tokens.astype(np.int32), fixed.astype(np.int32)], axis=1)
-    dataset = text_lib.make_train_dataset(rows, batch_size, seed, process_index, process_count)
-    dataset = dataset.map(_SplitTokensAndFixed(tokens.shape[1]))
-    if augment_symmetry:
-        if tokens.shape[1] != 81:
-            raise ValueError(f"augment_symmetry needs rows of the 81 cells, got length {tokens.shape[1]}.")
-        dataset = dataset.random_map(RandomSymmetry(), seed=seed + process_index)
-    return iter(dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
+    """`data.text.make_fixed_rows_iterator` over (tokens, fixed) rows; `augment_symmetry` maps every row by its own
+    random element of the Sudoku group (`symmetry.RandomSymmetry`)."""
+    if augment_symmetry and np.shape(tokens)[-1] != 81:
+        raise ValueError(f"augment_symmetry needs rows of the 81 cells, got length {np.shape(tokens)[-1]}.")
+    return text_lib.make_fixed_rows_iterator(
+        tokens, fixed, batch_size, seed, process_index, process_count,
+        random_map=RandomSymmetry() if augment_symmetry else None,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -217,9 +217,12 @@ def solve_puzzles(
     seed: int = 0,
     batch_size: int = 256,
     config: ml_collections.ConfigDict | None = None,
+    warm_up: bool = True,
 ) -> SudokuSolution:
     """Fills the blanks of `puzzles` (0 = blank) with the run's sampler and `config.solver` (see the module
-    docstring); `config` defaults to the experiment's own (pass an overridden copy to try other settings)."""
+    docstring); `config` defaults to the experiment's own (pass an overridden copy to try other settings).
+    `warm_up=False` skips the untimed compile-and-warm-up batch of the sampler path (RL rollouts call this every
+    step and do not time it)."""
     if not isinstance(exp.tokenizer, SudokuVocab):
         raise ValueError("solve_puzzles needs a Sudoku experiment (config.data.task='sudoku').")
     puzzles = np.asarray(puzzles)
@@ -233,10 +236,12 @@ def solve_puzzles(
         return _solve_in_parallel_attempts(
             exp, params, puzzles, settings, seed=seed, batch_size=batch_size, config=config
         )
-    return _solve(exp, params, puzzles, settings, seed=seed, batch_size=batch_size, config=config)
+    return _solve(exp, params, puzzles, settings, seed=seed, batch_size=batch_size, config=config, warm_up=warm_up)
 
 
-def _solve(exp, params, puzzles, settings: SolverSettings, *, seed, batch_size, config) -> SudokuSolution:
+def _solve(
+    exp, params, puzzles, settings: SolverSettings, *, seed, batch_size, config, warm_up: bool = True
+) -> SudokuSolution:
     layout = layout_of(config)
     attempt_passes = settings.check(layout, config.sampler.num_steps)
     rounds, pass_budget = settings.repair_rounds, settings.pass_budget
@@ -323,7 +328,7 @@ def _solve(exp, params, puzzles, settings: SolverSettings, *, seed, batch_size, 
 
     warm_up_keys = row_keys(jax.random.key(seed), n)[:b]
     for decoder in (first_decoder, restart_decoder):  # compile (and warm up) outside the timed loop
-        if decoder is not None:
+        if decoder is not None and warm_up:
             run(puzzles[:b], warm_up_keys, decoder)
     start_time = time.perf_counter()
     preds, steps, passes = attempt(np.arange(n), jax.random.key(seed), first_decoder)

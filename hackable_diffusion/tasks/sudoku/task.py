@@ -19,7 +19,7 @@ import numpy as np
 from jaxtyping import Int
 
 from hackable_diffusion.tasks.sudoku import data as data_lib
-from hackable_diffusion.tasks.sudoku import layouts
+from hackable_diffusion.tasks.sudoku import layouts, rewards
 from hackable_diffusion.tasks.sudoku.exact_solver import solver_class
 from hackable_diffusion.tasks.sudoku.grids import respects_givens
 from hackable_diffusion.tasks.sudoku.inference import SolverSettings, solve_puzzles
@@ -86,6 +86,23 @@ class SudokuTask:
         from hackable_diffusion.tasks.sudoku import evaluation
 
         return evaluation.from_flags(flag_values)
+
+    # -- RL from verifiable rewards (`python -m hackable_diffusion.rl`; `rewards.py`) -------------------------------
+    def rl_prompts(self, exp: Experiment) -> Int[np.ndarray, "n 81"]:
+        """The training puzzles (0 = blank): the run's generated training set."""
+        digits = exp.tokenizer.decode(exp.data.train_tokens)
+        return np.where(exp.data.train_fixed, digits, 0).astype(np.int8)
+
+    def rollout(self, exp: Experiment, params, prompts, *, seed: int, config) -> Int[np.ndarray, "n 81"]:
+        """One grid per puzzle from the run's solver (`config.sampler`, `config.solver`), all rows in one batch."""
+        solution = solve_puzzles(exp, params, prompts, seed=seed, batch_size=len(prompts), config=config, warm_up=False)
+        return solution.predictions
+
+    def reward(self, prompts, completions, *, shaped: bool = False) -> np.ndarray:
+        return rewards.sudoku_reward(prompts, completions, shaped=shaped)
+
+    def policy_rows(self, exp: Experiment, prompts, completions) -> dict[str, np.ndarray]:
+        return rewards.policy_rows(prompts, completions, layout=layouts.layout_of(exp.config))
 
     def report(self, exp: Experiment, params) -> str:
         num = exp.config.eval.num_puzzles or 16

@@ -1,0 +1,72 @@
+"""Reward and accuracy against the RL step, one curve per run, from the runs' metrics.jsonl.
+
+  python experiments/plot_rl.py --runs runs/rl_sudoku,runs/rl_sudoku_shaped --out results/rl/sudoku_reward_curve.png \
+      --start 0.328
+
+Top: the rollouts' mean reward and solve rate (means over each logged interval); bottom: the held-out solve rate of
+the evaluation the run makes every `train.eval_every` steps (the run's one-attempt sampler on generated puzzles of the
+RL data's givens range), when present. Prints one JSON line per run with its first and last values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read(run: pathlib.Path) -> tuple[list[dict], list[dict]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("split") == "train"], [r for r in rows if r.get("split") == "eval"]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", required=True, help="comma-separated RL run directories")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--start", type=float, default=None, help="the starting weights' held-out exact (a line)")
+    args = parser.parse_args()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for name in args.runs.split(","):
+        run = pathlib.Path(name)
+        train, evals = read(run)
+        config = json.loads((run / "config.json").read_text())
+        label = f"{run.name} ({config['rl']['objective']})"
+        steps = [r["step"] for r in train]
+        (line,) = top.plot(steps, [r["reward_mean"] for r in train], label=f"{label}: reward")
+        top.plot(steps, [r["solve_rate"] for r in train], "--", color=line.get_color(), label=f"{label}: solved")
+        held = [r for r in evals if "sudoku_accuracy" in r or "countdown_accuracy" in r]
+        key = "sudoku_accuracy" if held and "sudoku_accuracy" in held[0] else "countdown_accuracy"
+        if held:
+            bottom.plot([r["step"] for r in held], [r[key] for r in held], "o-", color=line.get_color(), label=label)
+        print(
+            json.dumps(
+                {
+                    "run": name,
+                    "objective": config["rl"]["objective"],
+                    "steps": steps[-1] if steps else 0,
+                    "first_reward": train[0]["reward_mean"] if train else None,
+                    "last_reward": train[-1]["reward_mean"] if train else None,
+                    "held_out": [(r["step"], r[key]) for r in held],
+                }
+            )
+        )
+    if args.start is not None:
+        bottom.axhline(args.start, color="gray", linestyle=":", label="starting weights")
+    top.set_ylabel("rollouts")
+    top.legend(fontsize=7)
+    bottom.set_ylabel("held-out exact")
+    bottom.set_xlabel("RL step")
+    bottom.legend(fontsize=7)
+    fig.tight_layout()
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

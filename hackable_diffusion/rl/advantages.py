@@ -1,0 +1,30 @@
+"""Group-relative advantages (GRPO, Shao et al. 2024 "DeepSeekMath"; the std-free variant of Dr. GRPO, Liu et al. 2025).
+
+G completions of one prompt form a group; a completion's advantage is its reward minus the group's mean, divided by
+the group's standard deviation (`scale="std"`) or not (`scale="none"`). A group whose rewards all tie carries no
+signal (every advantage is 0, and with `std` a 0/0): it is marked invalid so the objectives skip it, as d1 and the
+GRPO trainers do, instead of spending its rows on a zero gradient with a normalisation that counts them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jaxtyping import Bool, Float
+
+SCALES = ("std", "none")
+
+
+def group_advantages(
+    rewards: Float[np.ndarray, "k g"], *, scale: str = "std", eps: float = 1e-6
+) -> tuple[Float[np.ndarray, "k g"], Bool[np.ndarray, " k"]]:
+    """(advantages, valid groups) of rewards laid out one group (prompt) per row; tied groups get 0 and valid=False."""
+    if scale not in SCALES:
+        raise ValueError(f"advantage scale {scale!r} must be one of {SCALES}.")
+    r = np.asarray(rewards, np.float64)
+    if r.ndim != 2 or r.shape[1] < 2:
+        raise ValueError(f"rewards must be (prompts, completions per prompt >= 2), got shape {r.shape}.")
+    centred = r - r.mean(axis=1, keepdims=True)
+    spread = r.std(axis=1, keepdims=True)
+    valid = (r.max(axis=1) - r.min(axis=1)) > 0
+    adv = centred / (spread + eps) if scale == "std" else centred
+    return np.where(valid[:, None], adv, 0.0).astype(np.float32), valid

@@ -1,0 +1,307 @@
+"""RL from verifiable rewards on any toolbox run: diffu-GRPO, wd1, an ELBO policy gradient, AR GRPO.
+
+  python -m hackable_diffusion.rl --config configs/rl_sudoku.py --workdir runs/rl_sudoku
+
+Starts from the weights `config.init` names (`--init_from KIND:PATH`: a toolbox run, a params directory, a gemma tree,
+a Hugging Face directory), takes their model shape and, from a toolbox run, its diffusion recipe (the layout the
+weights were trained in), and trains with `config.rl` (objectives: docs/rl.md). Full fine-tuning (`lora.rank=0`) or
+LoRA; the reference of the KL term is the starting weights (LoRA: the base, no second copy). Rerunning the command
+with the same --workdir resumes exactly (the rollout state is in the checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from hackable_diffusion import builders, cli, run_config
+from hackable_diffusion.checkpoints import base_weights
+from hackable_diffusion.models import lora as lora_lib
+from hackable_diffusion.models import partitioning
+from hackable_diffusion.rl import objectives as rl_objectives
+from hackable_diffusion.rl.rollouts import RolloutSettings, RolloutStream
+from hackable_diffusion.rl.scorers import AutoregressiveScorer, MeanFieldScorer
+from hackable_diffusion.training.workdir_lock import WorkdirLock
+
+OBJECTIVES = ("diffu_grpo", "wd1", "elbo", "ar_grpo")
+RL_KEYS = (
+    "objective", "prompts_per_rollout", "group_size", "inner_updates", "prompt_mask_prob", "advantage_scale",
+    "clip_eps", "kl_beta", "wd1_psi", "wd1_negative_weight", "elbo_draws", "shaped_reward", "temperature",
+)  # fmt: skip
+
+
+def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool | None = None) -> None:
+    """Every `config.rl` check that needs no data (`autoregressive=None`: before the run's layout is known, the checks
+    that do not depend on it); raises ValueError naming the key."""
+    rl = config.rl
+    unknown = sorted(set(rl.keys()) - set(RL_KEYS))
+    if unknown:
+        raise ValueError(f"unknown config.rl keys {unknown}; valid keys: {sorted(RL_KEYS)}.")
+    if rl.objective not in OBJECTIVES:
+        raise ValueError(f"config.rl.objective={rl.objective!r} must be one of {OBJECTIVES}.")
+    if float(rl.kl_beta) < 0 or float(rl.clip_eps) <= 0 or float(rl.temperature) <= 0:
+        raise ValueError(
+            f"config.rl.kl_beta={rl.kl_beta} must be >= 0, clip_eps={rl.clip_eps} > 0 and temperature="
+            f"{rl.temperature} > 0 (rollouts need randomness)."
+        )
+    settings = rollout_settings(config)
+    if autoregressive is None:
+        return
+    if autoregressive and rl.objective in ("diffu_grpo", "elbo"):
+        raise ValueError(
+            f"config.rl.objective={rl.objective!r} needs a diffusion run; this run is autoregressive: use 'ar_grpo' "
+            "or 'wd1' (with exact AR log-probs)."
+        )
+    if not autoregressive and rl.objective == "ar_grpo":
+        raise ValueError(
+            "config.rl.objective='ar_grpo' needs an autoregressive run; use 'diffu_grpo', 'wd1' or 'elbo'."
+        )
+    if autoregressive and settings.prompt_mask_prob:
+        raise ValueError("config.rl.prompt_mask_prob masks the prompt of a diffusion run; set it to 0 for an AR run.")
+
+
+def rollout_settings(config: ml_collections.ConfigDict) -> RolloutSettings:
+    rl = config.rl
+    return RolloutSettings(
+        prompts_per_rollout=int(rl.prompts_per_rollout),
+        group_size=int(rl.group_size),
+        inner_updates=int(rl.inner_updates),
+        prompt_mask_prob=float(rl.prompt_mask_prob),
+        advantage_scale=str(rl.advantage_scale),
+        seed=int(config.seed),
+    )
+
+
+def resolve_config(config: ml_collections.ConfigDict, base: base_weights.Base) -> ml_collections.ConfigDict:
+    """The run's config: the starting weights' model shape and, from a toolbox run, its task and diffusion recipe."""
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.model = ml_collections.ConfigDict(dataclasses.asdict(base.model.cfg))
+        source = base.source_config
+        if source is not None:
+            if source.data.task != config.data.task:
+                raise ValueError(
+                    f"config.data.task={config.data.task!r} but the starting run {base.source} is a "
+                    f"{source.data.task!r} run; RL keeps the task the weights were trained on."
+                )
+            config.diffusion = source.diffusion  # the layout and process the weights were trained in
+    return config
+
+
+def rollout_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The sampler settings of rollouts: the run's, with tokens drawn at `rl.temperature`."""
+    out = config.copy_and_resolve_references()
+    temperature = float(config.rl.temperature)
+    out.sampler.min_temperature = out.sampler.max_temperature = temperature
+    out.sampler.ar_temperature = temperature
+    return out
+
+
+def build_objective(config: ml_collections.ConfigDict, exp) -> Any:
+    rl = config.rl
+    if exp.is_autoregressive:
+        scorer = AutoregressiveScorer(exp.model)
+    else:
+        if not hasattr(exp.process, "mask_id"):
+            raise ValueError(
+                f"RL scores completions with the masking process's one-pass estimator; this run's process is "
+                f"{config.diffusion.process!r}. Start from a masking run (or an autoregressive one with 'ar_grpo')."
+            )
+        null = str(config.diffusion.get("null_signal", "zeros"))
+        scorer = MeanFieldScorer(exp.model, exp.process.mask_id, null_signal=null)
+    beta, clip = float(rl.kl_beta), float(rl.clip_eps)
+    if rl.objective == "diffu_grpo":
+        return rl_objectives.DiffuGRPO(scorer, clip_eps=clip, kl_beta=beta)
+    if rl.objective == "ar_grpo":
+        return rl_objectives.ArGRPO(scorer, clip_eps=clip, kl_beta=beta)
+    if rl.objective == "wd1":
+        return rl_objectives.WD1(
+            scorer,
+            group_size=int(rl.group_size),
+            psi=float(rl.wd1_psi),
+            negative_weight=float(rl.wd1_negative_weight),
+            kl_beta=beta,
+        )
+    if not hasattr(exp.objective, "elbo_per_example"):
+        raise ValueError("config.rl.objective='elbo' needs a run trained in place with the masking ELBO objective.")
+    return rl_objectives.ElboPolicyGradient(exp.objective, scorer, draws=int(rl.elbo_draws), kl_beta=beta)
+
+
+class RolloutReport:
+    """Prints the rollouts' figures every `every` steps (means over the steps since the last line): a loop hook."""
+
+    SHOWN = (
+        ("reward_mean", "reward {:.3f}"), ("reward_std", "+- {:.3f}"), ("solve_rate", "| solved {:.1%}"),
+        ("groups_used", "| groups used {:.0%}"), ("kl", "| KL {:.4f}"), ("entropy", "| entropy {:.3f}"),
+        ("clip_fraction", "| clipped {:.1%}"), ("rollout_seconds", "| rollout {:.2f}s"),
+        ("update_seconds", "| update {:.2f}s"),
+    )  # fmt: skip
+
+    def __init__(self, every: int):
+        self.every, self.history = every, []
+
+    def __call__(self, step: int, state, metrics) -> None:
+        del state
+        self.history.append(metrics)
+        if self.every and step % self.every == 0 and jax.process_index() == 0:
+            mean = {k: sum(h[k] for h in self.history) / len(self.history) for k in self.history[-1]}
+            shown = " ".join(fmt.format(mean[k]) for k, fmt in self.SHOWN if k in mean)
+            print(f"  rollouts to step {step}: {shown}", flush=True)
+            self.history = []
+
+
+@dataclasses.dataclass(frozen=True)
+class RLRun:
+    """The pieces of an RL run, built once from its config (`setup`): what `run_rl` hands the training loop, and
+    what a notebook or a benchmark drives by hand."""
+
+    config: ml_collections.ConfigDict
+    exp: Any
+    base: base_weights.Base
+    objective: Any
+    stream: RolloutStream
+    adapter: lora_lib.LoRA | None
+    init_fn: Any
+    loss_fn: Any
+    axes_fn: Any
+    trainable_mask: Any
+    policy_params: Any  # state params -> the weights the model computes with (LoRA: merged)
+
+
+def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
+    """Loads the starting weights, resolves and saves the config, builds the experiment, objective and rollouts."""
+    from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.data import tokenizers as tok_lib
+
+    if "rl" not in config:
+        raise ValueError("the config has no rl section: build it with recipes.rl_sections (configs/rl_sudoku.py).")
+    check_rl_config(config)
+    path = exp_lib.workdir_path(workdir)
+    base = base_weights.load_base(config)
+    config = resolve_config(config, base)
+    exp_lib.check_config(config)
+    if jax.process_index() == 0:
+        run_config.save_config(config, path / "config.json")
+        if base.tokenizer is not None and not (path / "tokenizer" / tok_lib.CONFIG_FILE).is_file():
+            base.tokenizer.save(path / "tokenizer", metadata={"source": base.source})
+    exp = exp_lib.build(config, workdir)
+    check_rl_config(config, autoregressive=exp.is_autoregressive)
+    for hook in ("rl_prompts", "rollout", "reward", "policy_rows"):
+        if not hasattr(exp.task, hook):
+            raise ValueError(f"the {exp.task.name!r} task has no RL hook {hook}(); RL runs on sudoku and countdown.")
+    objective = build_objective(config, exp)
+    adapter = builders.build_adapter(config)
+    base_params = base.params
+    if adapter is None:
+        init_fn = lambda key: jax.tree.map(jnp.asarray, base_params)  # noqa: E731
+        loss_fn, axes_fn, mask = objective, partitioning.logical_axes, None
+        policy_params = lambda params: params  # noqa: E731
+        held_reference = jax.tree.map(jnp.asarray, base_params)
+        reference_params = lambda params: held_reference  # noqa: E731
+    else:
+        init_fn = functools.partial(lora_lib.init_state, adapter, base_params)
+        loss_fn = lora_lib.lora_loss_fn(adapter, objective)
+        mask, axes_fn = lora_lib.trainable_mask, lora_lib.logical_axes
+        merge = jax.jit(adapter.merge)
+        policy_params = lambda params: merge(params[lora_lib.BASE_KEY], params[lora_lib.LORA_KEY])  # noqa: E731
+        reference_params = lambda params: params[lora_lib.BASE_KEY]  # noqa: E731
+    stream = RolloutStream(
+        exp=exp,
+        settings=rollout_settings(config),
+        rollout_config=rollout_config(config),
+        scorer=objective.scorer,
+        policy_params=policy_params,
+        reference_params=reference_params if float(config.rl.kl_beta) > 0 else None,
+        needs_old_log_probs=objective.needs_old_log_probs,
+        reward_kwargs={"shaped": True} if config.rl.shaped_reward else None,
+    )
+    return RLRun(config, exp, base, objective, stream, adapter, init_fn, loss_fn, axes_fn, mask, policy_params)
+
+
+def run_rl(config: ml_collections.ConfigDict, workdir: str):
+    """Trains as `config` describes in `workdir` (rerunning resumes); returns the final TrainState. The workdir is
+    locked against a second writer meanwhile."""
+    with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        return _run_rl(config, workdir)
+
+
+def _run_rl(config: ml_collections.ConfigDict, workdir: str):
+    from hackable_diffusion.training import loop, sharding
+
+    if jax.process_count() > 1:
+        raise ValueError("RL rollouts run in one process; start `hackable_diffusion.rl` without jax.distributed.")
+    run = setup(config, workdir)
+    config, settings = run.config, run.stream.settings
+    mesh = sharding.make_mesh(config.mesh)
+    if settings.batch_rows % mesh.devices.size:
+        raise ValueError(
+            f"a rollout batch of {settings.batch_rows} rows (rl.prompts_per_rollout x rl.group_size) does not divide "
+            f"over the {mesh.devices.size} devices of the mesh; change one of them or config.mesh."
+        )
+    task_eval = run.exp.task.eval_fn(run.exp, workdir)
+
+    def eval_fn(params, ema_params):
+        return task_eval(run.policy_params(params), None if ema_params is None else run.policy_params(ema_params))
+
+    if jax.process_index() == 0:
+        what = f"LoRA rank {run.adapter.rank}" if run.adapter else "full"
+        print(
+            f"RL ({config.rl.objective}) from {run.base.source}: {what}; {len(run.stream.prompts):,} prompts, "
+            f"{settings.prompts_per_rollout} x {settings.group_size} completions per rollout, "
+            f"{settings.inner_updates} update(s) per rollout.",
+            flush=True,
+        )
+    return loop.train(
+        workdir=workdir,
+        init_fn=run.init_fn,
+        loss_fn=run.loss_fn,
+        train_iterator=run.stream,
+        loop=loop.LoopConfig.from_config(config.train, seed=config.seed),
+        optimizer_cfg=builders.optimizer_config(config),
+        mesh=mesh,
+        param_logical_axes_fn=run.axes_fn,
+        eval_fn=eval_fn if config.train.eval_every else None,
+        trainable_mask=run.trainable_mask,
+        hooks=(RolloutReport(int(config.train.log_every)),),
+        before_step=(run.stream.prepare,),
+    )
+
+
+def define_flags(argv: list[str]):
+    from absl import flags
+
+    argv = cli.define_config_file_flag(argv, "RL config file (configs/rl_*.py); override keys: --config.a.b=value.")
+    flags.DEFINE_string(
+        "init_from", None, "The starting weights, KIND:PATH (toolbox, params, gemma, hf); sets config.init."
+    )
+    flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, config.json (rerunning resumes).")
+    return argv
+
+
+def main(argv):
+    from absl import app, flags
+
+    del argv
+    FLAGS = flags.FLAGS
+    if FLAGS.config is None:
+        raise app.UsageError("--config is required: an RL config file such as configs/rl_sudoku.py.")
+    if FLAGS.workdir is None:
+        raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
+    cli.quiet_library_logs()
+    config = FLAGS.config
+    if FLAGS.init_from:
+        base_weights.set_init_from(config, FLAGS.init_from)
+    print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
+    state = run_rl(config, FLAGS.workdir)
+    print(
+        f"RL done at step {int(state.step)}; evaluate with python -m hackable_diffusion.evaluate --workdir "
+        f"{FLAGS.workdir}",
+        flush=True,
+    )

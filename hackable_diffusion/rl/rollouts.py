@@ -1,0 +1,203 @@
+"""Rollout batches for RL: prompts from the task, completions from the run's own sampler, rewards from the task.
+
+`RolloutStream` is the data iterator of an RL run (`training.loop.train` draws one batch per optimizer step). Every
+`inner_updates` (mu) steps it makes a new rollout: the next K prompts (`Task.rl_prompts`, a seeded permutation per
+epoch), each repeated G times, completed by `Task.rollout` with the current weights (the task's jitted sampler at
+the rollout temperature; row i's randomness is its own, so the G copies differ), scored by `Task.reward`, turned
+into group-relative advantages and into the rows the policy scores (`Task.policy_rows`). For each inner update j it
+draws the prompt mask (each prompt position masked with probability `prompt_mask_prob`, diffusion runs only) and,
+when the objective needs them, precomputes the old policy's per-token log-probs under that mask, and the
+reference's when a KL term is on (`reference_params`; without one, the KL metric compares with the old policy, and
+an objective without old log-probs reports no KL). The mu batches of a rollout then go to the optimizer one per step.
+
+The stream reads the current weights through `before_step` (the loop calls it before drawing each batch, also on a
+resumed run). Its checkpointed state is the rollout counter, the inner index and, mid-rollout, the rollout's arrays
+themselves (exact bytes), so a run resumed anywhere replays the same batches: the rollout randomness and the prompt
+order are functions of (seed, rollout index) alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from hackable_diffusion.rl.advantages import group_advantages
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+    """`config.rl`'s rollout fields: K prompts x G completions per rollout, mu updates per rollout."""
+
+    prompts_per_rollout: int
+    group_size: int
+    inner_updates: int = 1
+    prompt_mask_prob: float = 0.0
+    advantage_scale: str = "std"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.prompts_per_rollout < 1 or self.group_size < 2 or self.inner_updates < 1:
+            raise ValueError(
+                f"config.rl: prompts_per_rollout={self.prompts_per_rollout} must be >= 1, group_size="
+                f"{self.group_size} >= 2 (advantages compare completions of one prompt) and inner_updates="
+                f"{self.inner_updates} >= 1."
+            )
+        if not 0.0 <= self.prompt_mask_prob < 1.0:
+            raise ValueError(f"config.rl.prompt_mask_prob={self.prompt_mask_prob} must lie in [0, 1).")
+
+    @property
+    def batch_rows(self) -> int:
+        return self.prompts_per_rollout * self.group_size
+
+
+def prompt_indices(num_prompts: int, rollout: int, per_rollout: int, seed: int) -> np.ndarray:
+    """The prompts of rollout `rollout`: consecutive slices of one seeded permutation per epoch."""
+    start = rollout * per_rollout
+    out = []
+    for position in range(start, start + per_rollout):
+        epoch, offset = divmod(position, num_prompts)
+        out.append(np.random.default_rng([seed, epoch]).permutation(num_prompts)[offset])
+    return np.asarray(out, np.int64)
+
+
+def _encode(arrays: dict[str, np.ndarray]) -> str:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _decode(text: str) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(base64.b64decode(text))) as data:
+        return {k: data[k] for k in data.files}
+
+
+class RolloutStream:
+    """The RL run's batches (see the module docstring); `prepare(step, state)` is the loop's `before_step` hook."""
+
+    def __init__(
+        self,
+        *,
+        exp: Any,
+        settings: RolloutSettings,
+        rollout_config: ml_collections.ConfigDict,
+        scorer: Callable[..., Any],
+        policy_params: Callable[[PyTree], PyTree],
+        reference_params: Callable[[PyTree], PyTree] | None,
+        needs_old_log_probs: bool,
+        reward_kwargs: dict[str, Any] | None = None,
+    ):
+        self.exp, self.task, self.settings = exp, exp.task, settings
+        self.rollout_config = rollout_config
+        self.prompts = np.asarray(self.task.rl_prompts(exp))
+        if len(self.prompts) == 0:
+            raise ValueError(f"the {self.task.name} task gave no prompts for RL.")
+        self.policy_params, self.reference_params = policy_params, reference_params
+        self.needs_old = needs_old_log_probs
+        self.reward_kwargs = dict(reward_kwargs or {})
+        self._score = jax.jit(lambda params, tokens, completion, masked: scorer(params, tokens, completion, masked)[0])
+        self.rollout_index, self.inner = 0, 0
+        self._cached: dict[str, np.ndarray] | None = None
+        self._state_params: PyTree = None
+        self._last_return: float | None = None
+        self.last_rollout: dict[str, np.ndarray] | None = None  # prompts, completions and rewards, for reports
+
+    # -- the loop's hooks ---------------------------------------------------------------------------------------
+    def prepare(self, step: int, state) -> None:
+        del step
+        self._state_params = state.params
+
+    def start_prefetch(self) -> None:  # called by grain's checkpoint handler after a restore
+        pass
+
+    def get_state(self) -> bytes:
+        state = {"rollout_index": self.rollout_index, "inner": self.inner}
+        if self._cached is not None and self.inner:
+            state["cached"] = _encode(self._cached)
+        return json.dumps(state).encode()
+
+    def set_state(self, state: bytes) -> None:
+        data = json.loads(state.decode() if isinstance(state, bytes) else state)
+        self.rollout_index, self.inner = int(data["rollout_index"]), int(data["inner"])
+        self._cached = _decode(data["cached"]) if "cached" in data else None
+        if self.inner and self._cached is None:
+            raise ValueError("the RL data state is mid-rollout but holds no rollout arrays; the checkpoint is damaged.")
+
+    def __iter__(self):
+        return self
+
+    # -- batches ------------------------------------------------------------------------------------------------
+    def __next__(self) -> dict[str, np.ndarray]:
+        now = time.perf_counter()
+        update_seconds = now - self._last_return if self._last_return is not None else 0.0
+        if self.inner == 0:
+            if self._state_params is None:
+                raise RuntimeError("RolloutStream needs the current weights: pass its prepare() as before_step.")
+            self._cached = self.make_rollout(self._state_params, self.rollout_index)
+            self.rollout_index += 1
+        cached, j = self._cached, self.inner
+        batch = {k: v for k, v in cached.items() if not k.startswith("inner_") and not k.startswith("report_")}
+        for key in ("prompt_masked", "old_log_probs", "ref_log_probs"):
+            batch[key] = cached[f"inner_{key}"][j]
+        batch["update_seconds"] = np.full((len(batch["rewards"]),), update_seconds, np.float32)
+        self.inner = (self.inner + 1) % self.settings.inner_updates
+        self._last_return = time.perf_counter()
+        return batch
+
+    def make_rollout(self, state_params: PyTree, rollout: int) -> dict[str, np.ndarray]:
+        """One rollout's arrays (every inner update's masks and log-probs included); see the module docstring."""
+        s = self.settings
+        start = time.perf_counter()
+        chosen = prompt_indices(len(self.prompts), rollout, s.prompts_per_rollout, s.seed)
+        prompts = np.repeat(self.prompts[chosen], s.group_size, axis=0)
+        params = self.policy_params(state_params)
+        seed = int(np.random.default_rng([s.seed, rollout, 1]).integers(2**31 - 1))
+        completions = np.asarray(self.task.rollout(self.exp, params, prompts, seed=seed, config=self.rollout_config))
+        rewards = np.asarray(self.task.reward(prompts, completions, **self.reward_kwargs), np.float32)
+        advantages, valid_groups = group_advantages(rewards.reshape(-1, s.group_size), scale=s.advantage_scale)
+        rows = self.task.policy_rows(self.exp, prompts, completions)
+        tokens, completion = np.asarray(rows["tokens"], np.int32), np.asarray(rows["completion"], bool)
+        n, length = tokens.shape
+        masks = np.zeros((s.inner_updates, n, length), bool)
+        if s.prompt_mask_prob > 0:
+            rng = np.random.default_rng([s.seed, rollout, 2])
+            masks = (rng.random((s.inner_updates, n, length)) < s.prompt_mask_prob) & ~completion[None]
+        old = np.zeros((s.inner_updates, n, length), np.float32)
+        ref = np.zeros((s.inner_updates, n, length), np.float32)
+        jt, jc = jnp.asarray(tokens), jnp.asarray(completion)
+        reference = self.reference_params(state_params) if self.reference_params is not None else None
+        for j in range(s.inner_updates):
+            jm = jnp.asarray(masks[j])
+            if self.needs_old:
+                old[j] = np.asarray(self._score(params, jt, jc, jm))
+            if reference is not None:
+                ref[j] = np.asarray(self._score(reference, jt, jc, jm))
+            elif self.needs_old:
+                ref[j] = old[j]  # no KL term: the KL metric measures the drift from the rollout-time policy
+        has_reference = reference is not None or self.needs_old
+        seconds = time.perf_counter() - start
+        self.last_rollout = {"prompts": prompts, "completions": completions, "rewards": rewards}
+        return {
+            "tokens": tokens,
+            "completion": completion,
+            "advantages": advantages.reshape(-1),
+            "valid": np.repeat(valid_groups, s.group_size).astype(np.float32),
+            "rewards": rewards,
+            "solved": (rewards >= 1.0).astype(np.float32),
+            "rollout_seconds": np.full((n,), seconds, np.float32),
+            "has_reference": np.full((n,), float(has_reference), np.float32),
+            "inner_prompt_masked": masks,
+            "inner_old_log_probs": old,
+            "inner_ref_log_probs": ref,
+        }

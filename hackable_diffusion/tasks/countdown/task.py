@@ -1,0 +1,205 @@
+"""The Countdown task (`config.data.task="countdown"`): `tasks.Task` for arithmetic puzzles with a verifiable answer.
+
+Countdown as d1 (Zhao et al. 2025, "d1: Scaling Reasoning in Diffusion Large Language Models via Reinforcement
+Learning") and TinyZero use it: given 3-4 numbers and a target, write an expression over the numbers (each at most
+once; + - * / and parentheses) equal to the target. d1 prompts an instruction-tuned LLaDA in natural language and
+scores the equation in its answer; here a small model is trained from scratch on a fixed character vocabulary
+(`vocab.py`), with the problem as a short prompt and the bare expression as the completion (`layouts.py`): masking
+diffusion in place, or the autoregressive baseline on the same backbone. Problems are generated with difficulty
+knobs (`problems.py`), and answers are checked exactly with rationals (`expressions.py`), where TinyZero's reward
+evaluates them in floating point.
+
+Scores: the exact-answer rate overall and by the number of given numbers, problems per second, forward passes per
+problem, and the held-out loss. For reinforcement learning from the verifier the task adds `rl_prompts`, `rollout`,
+`reward` and `policy_rows`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jaxtyping import Bool, Float, Int
+
+from hackable_diffusion.tasks.countdown import data as data_lib
+from hackable_diffusion.tasks.countdown import layouts, scoring
+from hackable_diffusion.tasks.countdown.inference import solve_problems, solve_problems_timed
+from hackable_diffusion.tasks.countdown.problems import CountdownProblems
+
+if TYPE_CHECKING:
+    from hackable_diffusion.experiment import Experiment
+
+
+@dataclasses.dataclass(frozen=True)
+class CountdownTask:
+    name: str = "countdown"
+
+    def check_config(self, config: ml_collections.ConfigDict) -> None:
+        layouts.check_layout(config)
+        data_lib.check_data_config(config)
+        if int(config.sampler.num_steps) < 1:
+            raise ValueError(f"config.sampler.num_steps={config.sampler.num_steps} must be >= 1.")
+
+    def upgrade_saved_config(self, config: ml_collections.ConfigDict) -> None:
+        pass  # no Countdown key has changed since the task was added
+
+    def build_data(self, config: ml_collections.ConfigDict, workdir: str) -> data_lib.CountdownData:
+        layouts.check_layout(config)
+        return data_lib.build_data(config)
+
+    def adapt_objective(self, config, model, objective):
+        return layouts.adapt_objective(config, model, objective)
+
+    def train_iterator(self, exp: Experiment, process_index: int, process_count: int):
+        return data_lib.make_train_iterator(
+            exp.data.train_tokens,
+            exp.data.train_fixed,
+            exp.config.data.batch_size,
+            exp.config.seed,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    def eval_fn(self, exp: Experiment, workdir: str):
+        config = exp.config
+
+        def evaluate(params, ema_params):
+            use = ema_params if ema_params is not None else params
+            out = held_out_loss(exp, use, num_batches=config.eval.num_batches)
+            if config.eval.num_problems and jax.process_count() == 1:
+                out.update(held_out_scores(exp, use, config.eval.num_problems))
+            return {k: v for k, v in out.items() if isinstance(v, (int, float))}
+
+        return evaluate
+
+    def report(self, exp: Experiment, params) -> str:
+        num = min(exp.config.eval.num_problems or 16, len(exp.data.eval_problems))
+        problems = exp.data.eval_problems.subset(np.arange(num))
+        out = evaluate_problems(exp, params, problems, seed=exp.config.seed, batch_size=exp.config.eval.batch_size)
+        example = out["examples"][0]
+        return (
+            f"Solved held-out Countdown problems: exact {out['accuracy']:.3f} over {out['count']} problems "
+            f"({out['forward_passes_per_problem']:.1f} forward passes each); e.g. {example['prompt']} -> "
+            f"{example['answer']!r} ({'right' if example['correct'] else 'wrong'})"
+        )
+
+    def default_config(self) -> ml_collections.ConfigDict:
+        from hackable_diffusion.tasks.countdown.recipes import countdown_config
+
+        return countdown_config()
+
+    def define_evaluation_flags(self, flag_values) -> None:
+        from hackable_diffusion.tasks.countdown import evaluation
+
+        evaluation.define_flags(flag_values)
+
+    def evaluation_from_flags(self, flag_values):
+        from hackable_diffusion.tasks.countdown import evaluation
+
+        return evaluation.from_flags(flag_values)
+
+    # -- reinforcement learning from the verifier ---------------------------------------------------------------
+
+    def rl_prompts(self, exp: Experiment) -> Int[np.ndarray, "n p"]:
+        """The training problems' prompts as int32 token rows."""
+        return data_lib.prompt_rows(exp.data.train_problems, int(exp.config.data.prompt_len))
+
+    def rollout(
+        self, exp: Experiment, params, prompts: Int[np.ndarray, "n p"], *, seed: int, config
+    ) -> Int[np.ndarray, "n c"]:
+        """One sampled completion per prompt row (int32), with the sampler settings of `config`."""
+        batch_size = int(config.eval.batch_size)
+        return solve_problems(exp, params, prompts, seed=seed, batch_size=batch_size, config=config)
+
+    def reward(self, prompts: Int[np.ndarray, "n p"], completions: Int[np.ndarray, "n c"]) -> Float[np.ndarray, " n"]:
+        """1.0 for an exact answer, 0.0 otherwise (malformed included); float32, never raises on token content."""
+        return scoring.row_rewards(prompts, completions)
+
+    def policy_rows(
+        self, exp: Experiment, prompts: Int[np.ndarray, "n p"], completions: Int[np.ndarray, "n c"]
+    ) -> dict[str, np.ndarray]:
+        """{"tokens": int32 (n, P + C), "completion": bool (n, P + C)}: the row the policy scored and the C positions
+        it generated; the same for both layouts."""
+        return policy_rows(prompts, completions, int(exp.config.data.prompt_len), int(exp.config.data.completion_len))
+
+
+def policy_rows(
+    prompts: Int[np.ndarray, "n p"], completions: Int[np.ndarray, "n c"], prompt_len: int, completion_len: int
+) -> dict[str, np.ndarray]:
+    prompts, completions = np.asarray(prompts, np.int32), np.asarray(completions, np.int32)
+    n = len(prompts)
+    if prompts.shape != (n, prompt_len) or completions.shape != (n, completion_len):
+        raise ValueError(
+            f"prompts must be (n, {prompt_len}) and completions (n, {completion_len}), got {prompts.shape} and "
+            f"{completions.shape}."
+        )
+    completion: Bool[np.ndarray, "n l"] = np.zeros((n, prompt_len + completion_len), bool)
+    completion[:, prompt_len:] = True
+    return {"tokens": np.concatenate([prompts, completions], axis=1), "completion": completion}
+
+
+def held_out_scores(exp: Experiment, params, num_problems: int) -> dict[str, float]:
+    """The exact-answer rate (overall and by label) on the first `num_problems` of the run's held-out set."""
+    problems = exp.data.eval_problems.subset(np.arange(min(num_problems, len(exp.data.eval_problems))))
+    out = evaluate_problems(exp, params, problems, seed=exp.config.seed, batch_size=exp.config.eval.batch_size)
+    keys = [k for k in out if k.startswith(("accuracy", "count"))] + ["forward_passes_per_problem"]
+    return {f"countdown_{k}": out[k] for k in keys}
+
+
+def evaluate_problems(
+    exp: Experiment,
+    params,
+    problems: CountdownProblems,
+    *,
+    seed: int = 0,
+    batch_size: int = 256,
+    config: ml_collections.ConfigDict | None = None,
+    num_examples: int = 3,
+) -> dict[str, Any]:
+    """Exact-answer rate overall and by label, forward passes per problem, problems per second (after one compile
+    batch), and the first `num_examples` problems with their answers; `config` (default: the run's) holds the
+    sampler settings."""
+    config = config or exp.config
+    prompts = data_lib.prompt_rows(problems, int(config.data.prompt_len))
+    solution = solve_problems_timed(exp, params, prompts, seed=seed, batch_size=batch_size, config=config, warm_up=True)
+    correct = scoring.row_rewards(prompts, solution.completions) > 0
+    out: dict[str, Any] = scoring.accuracy_by_label(correct, problems.labels)
+    out["forward_passes_per_problem"] = float(solution.forward_passes.mean())
+    out["problems_per_second"] = float(len(problems) / max(solution.seconds, 1e-9))
+    out["solve_seconds"] = solution.seconds
+    vocab = exp.tokenizer
+    out["examples"] = [
+        {
+            "prompt": vocab.decode(prompts[i]),
+            "answer": vocab.decode(solution.completions[i]),
+            "reference": str(problems.solutions[i]),
+            "correct": bool(correct[i]),
+        }
+        for i in range(min(num_examples, len(problems)))
+    ]
+    return out
+
+
+def held_out_loss(
+    exp: Experiment, params, *, num_batches: int | None = None, seed: int = 0, batch_size: int | None = None
+) -> dict[str, float]:
+    """The training loss and its likelihood metric on the held-out rows (masking: the ELBO in bits per completion
+    token, PAD tail included; AR: the NLL in bits per answer token with its EOS), averaged over batches."""
+    batch_size = min(batch_size or exp.config.eval.batch_size, len(exp.data.eval_problems))
+    d = exp.config.data
+    tokens, fixed = data_lib.training_rows(exp.data.eval_problems, int(d.prompt_len), int(d.completion_len))
+    metric = exp.objective.loss.likelihood_metric
+    fn = jax.jit(exp.objective)
+    starts = list(range(0, len(tokens) - batch_size + 1, batch_size))
+    losses, bits = [], []
+    for i, start in enumerate(starts[:num_batches] if num_batches else starts):
+        rows = slice(start, start + batch_size)
+        batch = {"tokens": jnp.asarray(tokens[rows]), "fixed": jnp.asarray(fixed[rows])}
+        loss, metrics = fn(params, batch, jax.random.key(seed * 100003 + i))
+        losses.append(float(loss))
+        bits.append(float(metrics[metric]))
+    return {"held_out_loss": float(np.mean(losses)), f"held_out_{metric}": float(np.mean(bits))}

@@ -1,0 +1,31 @@
+import numpy as np
+import pytest
+
+from hackable_diffusion.rl.advantages import group_advantages
+from hackable_diffusion.rl.rollouts import prompt_indices
+
+
+def test_advantages_vanish_when_rewards_tie():
+    adv, valid = group_advantages(np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+    np.testing.assert_array_equal(valid, [False, False, True])
+    np.testing.assert_array_equal(adv[:2], 0.0)
+    assert adv[2, 1] > 0 > adv[2, 0]
+
+
+def test_std_and_mean_only_scales():
+    r = np.array([[0.0, 1.0, 0.5, 0.5]])
+    adv, _ = group_advantages(r, scale="std")
+    np.testing.assert_allclose(adv, (r - 0.5) / (r.std() + 1e-6), rtol=1e-6)
+    adv, _ = group_advantages(r, scale="none")
+    np.testing.assert_allclose(adv, r - 0.5)
+    with pytest.raises(ValueError, match="scale"):
+        group_advantages(r, scale="max")
+    with pytest.raises(ValueError, match="completions per prompt"):
+        group_advantages(np.zeros((3, 1)))
+
+
+def test_prompt_order_is_a_permutation_per_epoch_and_depends_on_the_seed():
+    first_epoch = np.concatenate([prompt_indices(10, r, 5, seed=0) for r in range(2)])
+    assert sorted(first_epoch) == list(range(10))
+    assert not np.array_equal(prompt_indices(10, 0, 5, seed=0), prompt_indices(10, 0, 5, seed=1))
+    np.testing.assert_array_equal(prompt_indices(10, 3, 5, seed=0), prompt_indices(10, 3, 5, seed=0))

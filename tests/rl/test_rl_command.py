@@ -1,0 +1,139 @@
+"""`python -m hackable_diffusion.rl` on a tiny Sudoku run: exact resume mid-rollout, the run directory, bad input."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from _commands import one_error_line, run_module
+from _tiny_countdown import tiny_countdown_config
+from _tiny_sudoku import tiny_sudoku_config
+
+from hackable_diffusion import experiment, recipes, train
+from hackable_diffusion.checkpoints import toolbox
+from hackable_diffusion.rl import command
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rl_source")
+    c = tiny_sudoku_config("in_place", tmp_path=tmp)
+    c.optimizer.warmup_steps = 2
+    c.train.checkpoint_every, c.train.eval_every = 4, 0
+    train.run(c, str(tmp / "src"), sample_at_end=False)
+    return c, tmp / "src"
+
+
+def rl_config(source_config, source_dir, steps, objective="diffu_grpo"):
+    r = recipes.rl_sections(source_config, checkpoint=str(source_dir), objective=objective, steps=steps)
+    r.rl.prompts_per_rollout, r.rl.group_size, r.rl.inner_updates = 2, 4, 2
+    r.rl.shaped_reward = True  # the tiny model never solves a puzzle: partial credit gives the groups a signal
+    r.rl.kl_beta = 0.05
+    r.optimizer.peak_lr = r.optimizer.end_lr = 1e-3
+    r.optimizer.warmup_steps = 1
+    r.train.checkpoint_every, r.train.log_every, r.train.eval_every = 1, 1, 0
+    return r
+
+
+def final_params(workdir):
+    exp = experiment.from_workdir(str(workdir))
+    params, step = toolbox.load_params(exp, str(workdir), weights="raw")
+    return jax.device_get(params), step
+
+
+def test_a_run_resumed_mid_rollout_equals_the_uninterrupted_one(source_run, tmp_path):
+    config, source = source_run
+    command.run_rl(rl_config(config, source, steps=5), str(tmp_path / "whole"))
+    command.run_rl(rl_config(config, source, steps=3), str(tmp_path / "parts"))  # stops inside rollout 2 (steps 3-4)
+    state = json.loads((tmp_path / "parts" / "checkpoints" / "3" / "data" / "process_0-of-1.json").read_text())
+    assert state["inner"] == 1 and "cached" in state  # mid-rollout: the rollout's arrays are in the checkpoint
+    command.run_rl(rl_config(config, source, steps=5), str(tmp_path / "parts"))
+    whole, whole_step = final_params(tmp_path / "whole")
+    parts, parts_step = final_params(tmp_path / "parts")
+    assert whole_step == parts_step == 5
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(parts)):
+        np.testing.assert_array_equal(a, b)
+    start = toolbox.load_toolbox_params(source, weights="ema")[0]
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(whole)))
+    rows = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r.get("split") == "train"]
+    for key in ("reward_mean", "reward_std", "solve_rate", "kl", "entropy", "clip_fraction", "rollout_seconds"):
+        assert key in train_rows[-1], key
+    assert (tmp_path / "whole" / "tensorboard").is_dir()
+
+
+def test_evaluate_reads_an_rl_run(source_run, tmp_path):
+    config, source = source_run
+    r = rl_config(config, source, steps=2, objective="wd1")
+    command.run_rl(r, str(tmp_path / "rl"))
+    out = run_module(
+        "hackable_diffusion.evaluate", "--workdir", tmp_path / "rl", "--givens=30,36", "--num_puzzles=4",
+        "--puzzle_seed=7",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert 0.0 <= result["accuracy"] <= 1.0 and result["checkpoint_step"] == 2
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("--config.rl.objective=ppo", "config.rl.objective='ppo' must be one of"),
+        ("--config.rl.group_size=1", "group_size=1 >= 2"),
+        ("--config.rl.temperature=0", "temperature=0"),
+    ],
+)
+def test_bad_rl_settings_stop_with_one_line(tmp_path, override, message):
+    out = run_module(
+        "hackable_diffusion.rl", "--config", "configs/rl_sudoku.py", "--workdir", tmp_path / "rl", override
+    )
+    assert message in one_error_line(out, alone=False)
+    assert not (tmp_path / "rl" / "checkpoints").exists()
+
+
+def test_the_objective_must_fit_the_run(source_run, tmp_path):
+    config, source = source_run
+    with pytest.raises(ValueError, match="needs an autoregressive run"):
+        command.run_rl(rl_config(config, source, steps=1, objective="ar_grpo"), str(tmp_path / "rl"))
+
+
+def test_a_missing_starting_run_is_named(tmp_path):
+    out = run_module(
+        "hackable_diffusion.rl", "--config", "configs/rl_sudoku.py", "--workdir", tmp_path / "rl",
+        f"--init_from=toolbox:{tmp_path / 'nothing'}",
+    )  # fmt: skip
+    assert "nothing" in one_error_line(out, alone=False)
+
+
+def test_lora_rl_trains_the_adapters_and_loads_merged(source_run, tmp_path):
+    config, source = source_run
+    r = rl_config(config, source, steps=2, objective="elbo")
+    r.lora.rank, r.lora.alpha = 2, 4.0
+    r.rl.kl_beta = 0.1  # the reference is the base half of the state: no second copy
+    state = command.run_rl(r, str(tmp_path / "rl"))
+    assert set(state.params) == {"base", "lora"}
+    start = toolbox.load_toolbox_params(source, weights="ema")[0]
+    for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(jax.device_get(state.params["base"]))):
+        np.testing.assert_array_equal(a, b)  # the base is frozen
+    merged, step = final_params(tmp_path / "rl")
+    assert step == 2
+    assert jax.tree.structure(merged) == jax.tree.structure(start)
+    assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(merged)))
+
+
+@pytest.mark.parametrize("layout, objective", [("in_place", "diffu_grpo"), ("ar", "ar_grpo"), ("ar", "wd1")])
+def test_rl_runs_on_countdown(tmp_path, layout, objective):
+    source = tiny_countdown_config(tmp_path, layout=layout, steps=2)
+    train.run(source, str(tmp_path / "src"), sample_at_end=False)
+    r = recipes.rl_sections(source, checkpoint=str(tmp_path / "src"), objective=objective, steps=2)
+    r.rl.prompts_per_rollout, r.rl.group_size, r.rl.inner_updates = 2, 4, 1
+    r.rl.prompt_mask_prob = 0.15 if layout == "in_place" else 0.0
+    r.optimizer.warmup_steps = 1
+    r.train.checkpoint_every, r.train.log_every, r.train.eval_every = 2, 1, 2
+    state = command.run_rl(r, str(tmp_path / "rl"))
+    assert int(state.step) == 2
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert any(row.get("split") == "eval" for row in rows)
+    assert all(0.0 <= row["reward_mean"] <= 1.0 for row in rows if row.get("split") == "train")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import pathlib
 import platform
 import statistics
 import tempfile
@@ -37,10 +39,7 @@ def time_objective(config, objective_name: str, repeats: int) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         run = command.setup(config, workdir)
         params = run.init_fn(jax.random.key(0))
-        state_like = type("State", (), {"params": params})()
-        run.stream.prepare(0, state_like)
-        next(run.stream)  # warm-up rollout (compiles the sampler and the scorer)
-        run.stream.inner = 0
+        run.stream.make_rollout(params, 0)  # warm-up rollout (compiles the sampler and the scorer)
         start = time.perf_counter()
         batch = run.stream.make_rollout(params, 1)
         rollout_s = time.perf_counter() - start
@@ -83,11 +82,7 @@ def main():
     if args.init_from:
         kind, _, path = args.init_from.partition(":")
         config.init.kind, config.init.checkpoint = kind, path
-    try:
-        command.setup(config.copy_and_resolve_references(), tempfile.mkdtemp())
-    except ValueError as error:
-        if config.init.kind != "toolbox" or "does not exist" not in str(error):
-            raise
+    if config.init.kind == "toolbox" and not pathlib.Path(config.init.checkpoint).exists():
         config.init.kind = "scratch"  # the starting run is not here: random weights of the config's shape
     results = {name: time_objective(config, name, args.repeats) for name in args.objectives.split(",")}
     rl = config.rl
@@ -102,7 +97,7 @@ def main():
                 "inner_updates": int(rl.inner_updates),
                 "objectives": results,
                 "devices": [d.device_kind for d in jax.devices()],
-                "cpu_count": __import__("os").cpu_count(),
+                "cpu_count": os.cpu_count(),
                 "machine": platform.machine(),
             }
         )

@@ -196,6 +196,8 @@ class ElboPolicyGradient:
         nelbo = self.negative_elbo(params, batch, rng)
         policy = valid_mean(batch["advantages"] * nelbo, valid)
         log_probs, entropy, aux = self.scorer(params, batch["tokens"], completion, batch["prompt_masked"])
+        if not self.kl_beta:  # the pass is only measured: no backward through its log-probs
+            log_probs = jax.lax.stop_gradient(log_probs)
         kl = reference_kl(log_probs, batch)
         loss = policy + self.kl_beta * kl + obj_lib.aux_loss(aux)
         metrics = {

@@ -64,12 +64,13 @@ class RolloutSettings:
 
 def prompt_indices(num_prompts: int, rollout: int, per_rollout: int, seed: int) -> np.ndarray:
     """The prompts of rollout `rollout`: consecutive slices of one seeded permutation per epoch."""
-    start = rollout * per_rollout
-    out = []
-    for position in range(start, start + per_rollout):
-        epoch, offset = divmod(position, num_prompts)
-        out.append(np.random.default_rng([seed, epoch]).permutation(num_prompts)[offset])
-    return np.asarray(out, np.int64)
+    positions = np.arange(rollout * per_rollout, (rollout + 1) * per_rollout)
+    epochs, offsets = np.divmod(positions, num_prompts)
+    out = np.empty(per_rollout, np.int64)
+    for epoch in np.unique(epochs):  # one permutation per epoch the rollout touches (one or two)
+        here = epochs == epoch
+        out[here] = np.random.default_rng([seed, int(epoch)]).permutation(num_prompts)[offsets[here]]
+    return out
 
 
 def _encode(arrays: dict[str, np.ndarray]) -> str:

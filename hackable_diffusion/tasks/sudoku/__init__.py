@@ -6,6 +6,7 @@
 | `recipes` | the config builders of the Sudoku runs and their `config.solver` section |
 | `vocab`, `layouts`, `csv_io`, `data` | tokens, sequence layouts, puzzle files, the cached training data |
 | `generator`, `exact_solver` | seeded unique-solution puzzles and the exact (rules + depth-first) solver |
+| `difficulty`, `hard_puzzles` | guess counts as difficulty (bands, accuracy per band) and seeded hard puzzle sets |
 | `grids`, `rules`, `symmetry` | grid helpers, the rules as a logit constraint, the symmetry views |
 | `inference`, `search` | the model's solver loop (sampler, repairs, restarts) and the model-steered backtracking search |
 | `metrics` | DiffusionGemma's Sudoku metrics |

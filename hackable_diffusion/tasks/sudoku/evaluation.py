@@ -4,8 +4,9 @@ sampler and solver settings, scored with DiffusionGemma's Sudoku metrics.
 The puzzles are a CSV file (`--data`, any layout `csv_io` reads; `--subset` draws a seeded subset of its rows) or
 generated unique-solution puzzles (`--givens=LO,HI --num_puzzles --puzzle_seed`, a generator seed other than the
 training seed; `--solver_class=search` keeps those that make the exact solver guess). Puzzles the run trained on are
-dropped. The result carries the metrics overall, by givens and by the file's `level` column, forward passes and
-network evaluations per puzzle, and puzzles per second after one compile batch.
+dropped. The result carries the metrics overall, by givens and by the file's `level` column, exact-grid accuracy
+per guess band (`difficulty.py`: the plain depth-first solver's guesses, 0 / 1-9 / 10-99 / 100-999 / 1000+) and per
+number of givens, forward passes and network evaluations per puzzle, and puzzles per second after one compile batch.
 """
 
 from __future__ import annotations

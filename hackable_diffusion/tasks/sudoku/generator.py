@@ -272,8 +272,13 @@ def generate_dataset(
     data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     data["givens"] = np.count_nonzero(data["puzzles"], axis=1).astype(np.int16)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}.npz")
-        np.savez(tmp, **data)
-        os.replace(tmp, path)
+        save_npz_atomically(path, data)
     return data
+
+
+def save_npz_atomically(path: pathlib.Path, data: dict[str, np.ndarray]) -> None:
+    """Writes `data` to `path` through a temporary file and a rename, so a reader never sees half a cache file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}.npz")
+    np.savez(tmp, **data)
+    os.replace(tmp, path)

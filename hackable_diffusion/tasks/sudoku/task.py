@@ -3,8 +3,9 @@
 Masking diffusion over the 81 cells in place (Ye et al. 2024; Kim et al. 2025), DiffusionGemma's prompt + canvas
 layout, or the autoregressive baseline (`layouts.py`), on generated puzzles (`data.py`). Scores: DiffusionGemma's
 Sudoku metrics (`metrics.py`) split by givens, by a CSV's `level` column and by whether the exact solver needed a
-guess, forward passes and network evaluations per puzzle, puzzles per second; and the held-out loss bound in bits per
-blank cell. There is no tokenizer: `vocab.SudokuVocab` is a fixed vocabulary of 13 ids.
+guess; exact-grid accuracy per guess band of the plain depth-first rule and per number of givens (`difficulty.py`);
+forward passes and network evaluations per puzzle, puzzles per second; and the held-out loss bound in bits per blank
+cell. There is no tokenizer: `vocab.SudokuVocab` is a fixed vocabulary of 13 ids.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from jaxtyping import Int
 
 from hackable_diffusion.tasks.sudoku import data as data_lib
-from hackable_diffusion.tasks.sudoku import layouts, rewards
+from hackable_diffusion.tasks.sudoku import difficulty, layouts, rewards
 from hackable_diffusion.tasks.sudoku.exact_solver import solver_class
 from hackable_diffusion.tasks.sudoku.grids import respects_givens
 from hackable_diffusion.tasks.sudoku.inference import SolverSettings, solve_puzzles
@@ -140,8 +141,10 @@ def evaluate_puzzles(
     config: ml_collections.ConfigDict | None = None,
 ) -> dict[str, Any]:
     """DiffusionGemma's Sudoku metrics (split by givens, by `levels` when given, and by whether the exact solver
-    needed a guess: `_solver_singles` / `_solver_search`) plus forward passes per puzzle and puzzles per second;
-    `config` (default: the run's) holds the sampler and solver settings."""
+    needed a guess: `_solver_singles` / `_solver_search`), exact-grid accuracy per guess band of the plain rule
+    (`_guesses_0` .. `_guesses_1000+`, `difficulty.guess_counts`, cached in the run's data cache) and per number of
+    givens (`_givens_23`, ...), plus forward passes per puzzle and puzzles per second; `config` (default: the run's)
+    holds the sampler and solver settings."""
     config = config or exp.config
     solution = solve_puzzles(exp, params, puzzles, seed=seed, batch_size=batch_size, config=config)
     out: dict[str, Any] = dict(
@@ -151,6 +154,9 @@ def evaluate_puzzles(
         solution.predictions, puzzles, solutions, categories=solver_class(puzzles), category_name="solver"
     )
     out.update({k: v for k, v in by_solver.items() if "_solver_" in k})  # "singles" / "search": see solver_class
+    guesses = difficulty.guess_counts(puzzles, "plain", cache_dir=config.data.get("cache_dir") or "default")
+    out.update(difficulty.accuracy_by_difficulty(solution.predictions, puzzles, solutions, guesses))
+    out["guess_bands_rule"] = "plain, to the first solution (exact_solver.count_guesses)"
     out["forward_passes_per_puzzle"] = float(solution.steps.mean())
     out["max_forward_passes_per_puzzle"] = int(solution.steps.max())
     out["batch_forward_passes"] = solution.batch_forward_passes

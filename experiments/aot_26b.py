@@ -5,6 +5,7 @@ The programs, figures and caveats: `hackable_diffusion/aot/` (its package docstr
 Usage: python experiments/aot_26b.py [--dispatch ragged|sorted|dense] [--num_layers 30] [--batch 8 --seq 4096]
        [--layout constrained|toolbox] [--batch_axes data,fsdp,expert] [--programs train_adamw,...] [--markdown]
        [--num_devices 16 --mesh data=1,fsdp=4,expert=4,tensor=1]
+       [--memory_at_batch 1,4,8,16 --vocab_chunks 0,16384]   (the decode programs at each batch instead)
 Results and the GPU counts: docs/scaling.md.
 """
 
@@ -39,7 +40,7 @@ from collections.abc import Sequence  # noqa: E402
 import jax  # noqa: E402
 
 from hackable_diffusion.aot.layout import LAYOUTS, NO_LICM, PROGRAMS, AotSettings, mesh_from_spec  # noqa: E402
-from hackable_diffusion.aot.programs import markdown_table, run  # noqa: E402
+from hackable_diffusion.aot.programs import markdown_table, memory_at_batch, memory_table, run  # noqa: E402
 from hackable_diffusion.models import presets  # noqa: E402
 
 
@@ -91,6 +92,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="XLA's while-loop-invariant-code-motion pass ('off' avoids the CPU-only f32 weight copies).",
     )
     p.add_argument("--programs", default=",".join(PROGRAMS))
+    p.add_argument(
+        "--memory_at_batch",
+        default="",
+        help="Batch sizes, e.g. 1,4,8,16: compile the decode programs (model call, the sampler's canvas loop per "
+        "--vocab_chunks, append, decode_1) at each instead of --programs.",
+    )
+    p.add_argument(
+        "--vocab_chunks",
+        default="0,16384",
+        help="DiffusionSampler.vocab_chunk values of the canvas loop with --memory_at_batch (0 = off).",
+    )
+    p.add_argument("--num_steps", type=int, default=48, help="Denoising steps of the canvas loop (--memory_at_batch).")
     p.add_argument("--markdown", action="store_true", help="Also print the summary as a markdown table.")
     return p.parse_args(argv)
 
@@ -132,6 +145,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     settings = settings_from_args(args)
     t0 = time.perf_counter()
+    if args.memory_at_batch:
+        batches = [int(x) for x in args.memory_at_batch.split(",") if x]
+        chunks = [int(x) for x in args.vocab_chunks.split(",") if x]
+        summary = memory_at_batch(
+            settings, batches, chunks, emit=lambda r: print(json.dumps(r), flush=True), num_steps=args.num_steps
+        )
+        summary["wall_s"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(summary), flush=True)
+        if args.markdown:
+            print(memory_table(summary))
+        return
     summary = run(settings, emit=lambda r: print(json.dumps(r), flush=True))
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(summary), flush=True)

@@ -28,13 +28,18 @@ tokens/s); the measured peaks and the device. `tokens_per_s_from_steps` is what 
 (canvas: canvas / ((steps + 1) x step time), the +1 being the commit; AR: 1 / step time). `--weights fp8` quantizes
 the weights on the device (`models/quantize.py`) and the step programs read FP8 and dequantize inside; its generation
 figures are then computed from the measured step programs (prefill + (steps + 1) canvas steps per canvas; AR: one
-step per token), since the sampler itself takes plain weights. `--out DIR` also writes `decode_bench.jsonl` and a markdown table there.
+step per token), since the sampler itself takes plain weights. `--first_canvas 16,32` adds a `first_canvas` block per
+length F: the time to first token when the first canvas holds only F tokens (then whole canvases, the last one F
+shorter), its ratio to AR's,
+and the tokens/s of the whole answer with it (`tokens_per_s_loss` against the plain canvases). `--out DIR` also writes
+`decode_bench.jsonl` and a markdown table there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import time
 
@@ -379,11 +384,49 @@ def run(args) -> list[dict]:
                     ),
                 },
             }
+            if args.first_canvas and not fp8:
+                line["first_canvas"] = first_canvas_figures(
+                    args, model, params, prompt, sampler, new_tokens, gen_s, ar_ttft, repeats
+                )
             line["ratio"] = line["canvas"]["tokens_per_s"] / line["ar"]["tokens_per_s"]
             line["roofline_ratio"] = line["canvas"]["roofline_tokens_per_s"] / line["ar"]["roofline_tokens_per_s"]
             print(json.dumps(line), flush=True)
             lines.append(line)
     return lines
+
+
+def first_canvas_figures(args, model, params, prompt, sampler, new_tokens, plain_gen_s, ar_ttft, repeats) -> dict:
+    """Time to first token with a shorter first canvas (`generate(first_canvas_length=F)`, its steps scaled to decide as
+    many tokens per step as a full canvas), and what it costs over the whole answer: per F, the first canvas alone
+    timed end to end (prefill, its steps, the commit: an upper bound on when its tokens exist), the full answer of
+    `new_tokens` timed the same way, and both against the plain canvas and AR figures measured above."""
+    out = {}
+    for first in args.first_canvas:
+        cache_length = prompt.shape[1] + new_tokens  # the same region: [first, canvas, ..., canvas - first]
+
+        def generate(max_new, first=first, cache_length=cache_length):
+            return gen_lib.generate(
+                model,
+                params,
+                prompt,
+                sampler=sampler,
+                key=0,
+                max_new_tokens=max_new,
+                stop_tokens=(),
+                cache_length=cache_length,
+                first_canvas_length=first,
+            ).tokens
+
+        ttft = median_time(lambda: generate(first), repeats)
+        gen_s = median_time(lambda: generate(new_tokens), repeats)
+        out[str(first)] = {
+            "first_canvas_steps": max(1, math.ceil(sampler.num_steps * first / sampler.canvas_length)),
+            "ttft_s": ttft,
+            "ttft_over_ar": ttft / ar_ttft,
+            "tokens_per_s": new_tokens / gen_s,
+            "tokens_per_s_loss": 1 - plain_gen_s / gen_s,
+        }
+    return out
 
 
 def markdown(lines: list[dict]) -> str:
@@ -433,6 +476,12 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--canvas", type=int, default=256)
     parser.add_argument("--canvases", type=int, default=2)
+    parser.add_argument(
+        "--first_canvas",
+        default="",
+        help="comma-separated first-canvas lengths: also time generation with a shorter first canvas (its TTFT and "
+        "the tokens/s it costs over the answer), e.g. 16,32",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bandwidth_mib", type=int, default=512, help="copy-kernel buffer (MiB)")
     parser.add_argument("--matmul_n", type=int, default=0, help="matmul peak size (0: 2048 on CPU, 8192 otherwise)")
@@ -440,6 +489,9 @@ def main() -> None:
     args = parser.parse_args()
     args.steps = [int(s) for s in args.steps.split(",") if s]
     args.weights = [w for w in args.weights.split(",") if w]
+    args.first_canvas = [int(f) for f in args.first_canvas.split(",") if f]
+    if any(not 1 <= f <= args.canvas for f in args.first_canvas):
+        raise SystemExit(f"error: --first_canvas lengths must lie in [1, --canvas={args.canvas}], got {args.first_canvas}")
     if not args.weights or set(args.weights) - {"native", "fp8"}:
         raise SystemExit(f"error: --weights must list native and/or fp8, got {args.weights}.")
     if not args.steps or min(args.steps) < 1:

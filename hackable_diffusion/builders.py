@@ -136,6 +136,7 @@ def build_sampler(
         score_temperature=s.get("score_temperature", 0.0) or None,  # 0 = score the sampling distribution
         sc_temperature=s.get("sc_temperature", 0.0) or None,  # 0 = feed back the sampling distribution
         draw=build_draw(s.draw),
+        vocab_chunk=s.get("vocab_chunk", 0),  # 0 = whole-vocabulary arrays; N = scan the vocabulary in chunks of N
         constraint=constraint,
         views=views,
     )

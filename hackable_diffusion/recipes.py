@@ -142,6 +142,8 @@ def base_config() -> ml_collections.ConfigDict:
             # feeds back logits / this (1 = the model's own probabilities, as training feeds back the raw logits)
             draw=draw("gumbel_max"),  # how candidates are drawn (sampling.draws): gumbel_max (the reference's) or
             # blocked_inverse_cdf (the same distribution, cheaper, other tokens for the same seed; its `block`)
+            vocab_chunk=0,  # 0: the canvas step works on whole-vocabulary arrays; N > 0: it scans the vocabulary in
+            # chunks of N ids, holding no [batch, canvas, vocab] float32 array but the logits (sampling.vocab_chunks)
             num_steps=32,
             canvas_len=32,
             max_new_tokens=128,
@@ -398,6 +400,7 @@ SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every res
     "sc_temperature",
     "early_stopping",
     "draw",
+    "vocab_chunk",
 )
 
 

@@ -1,7 +1,16 @@
-"""The compiled programs of the AOT report (train steps, canvas denoise, cache appends) and the summary of a run."""
+"""The compiled programs of the AOT report (train steps, canvas denoise, cache appends) and the summary of a run.
+
+`memory_at_batch` adds the decode programs at several batch sizes: the model call of a canvas step alone
+(`canvas_denoise`), the sampler's whole canvas loop around it (`canvas_sample`: `sampling.canvas._denoise` with
+DiffusionGemma's sampler -- uniform process, entropy bound 0.1, annealed temperature, Gumbel-max draw, stability and
+entropy early stopping, self-conditioning -- for each `DiffusionSampler.vocab_chunk` asked for), and the cache
+appends of AR decoding (`append_256`, `decode_1`), each with XLA's temporary and argument bytes per device.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import resource
 import time
@@ -33,6 +42,7 @@ from hackable_diffusion.aot.layout import (
 from hackable_diffusion.diffusion import objectives, processes, schedules
 from hackable_diffusion.models import attention, transformer
 from hackable_diffusion.models.config import TransformerConfig
+from hackable_diffusion.sampling import canvas as canvas_lib
 from hackable_diffusion.training import optimizers, sharding, train_state
 
 
@@ -248,6 +258,52 @@ def append_program(settings: AotSettings, mesh: Mesh, length: int) -> tuple[dict
     )
 
 
+def canvas_sample_program(
+    settings: AotSettings, mesh: Mesh, vocab_chunk: int, num_steps: int = 48
+) -> tuple[dict[str, Any], Any]:
+    """The sampler's canvas loop, `canvas._denoise` (a `lax.while_loop` of `num_steps` model calls and sampling
+    steps), with DiffusionGemma's sampler over the whole vocabulary and `vocab_chunk` (0 = off)."""
+    cfg, model, params, cache = _inference_setup(settings, mesh)
+    b, c = settings.decode_batch, settings.canvas
+    axes = settings.batch_axes
+    row_sharding = leading_axis_sharding(mesh, (b,), axes)
+    canvas_sharding = leading_axis_sharding(mesh, (b, c), axes)
+    tokens = jax.ShapeDtypeStruct((b, c), jnp.int32, sharding=canvas_sharding)
+    # the row keys as raw threefry key data (b, 2), wrapped inside the program (typed keys have no byte size here)
+    key_data = jax.ShapeDtypeStruct((b, 2), jnp.uint32, sharding=leading_axis_sharding(mesh, (b, 2), axes))
+    fixed = jax.ShapeDtypeStruct((b, c), jnp.bool_, sharding=canvas_sharding)
+    active = jax.ShapeDtypeStruct((b,), jnp.bool_, sharding=row_sharding)
+    sampler = canvas_lib.DiffusionSampler.diffusiongemma(
+        cfg.vocab_size, num_steps=num_steps, canvas_length=c, vocab_chunk=vocab_chunk
+    )
+
+    def fn(p, cache_, canvas, key_data_, fixed_, active_):
+        keys = jax.random.wrap_key_data(key_data_)
+        return canvas_lib._denoise(
+            model, p, cache_, canvas, keys, fixed_, active_, sampler=sampler, return_trajectory=False
+        )
+
+    out_shardings = canvas_lib.CanvasResult(
+        canvas=canvas_sharding, steps=row_sharding, forward_passes=NamedSharding(mesh, PartitionSpec())
+    )
+    extra = _inference_extra(settings, cfg, params, cache, (b, c))
+    extra.update(
+        vocab_chunk=vocab_chunk,
+        num_steps=num_steps,
+        sampler="DiffusionGemma: uniform process, entropy bound 0.1, annealed 0.8 -> 0.4, Gumbel-max, stability + "
+        "entropy early stopping, self-conditioning" + (" (model has none)" if not cfg.self_conditioning else ""),
+        logits_bytes_per_row=c * cfg.vocab_size * 4,
+    )
+    return compile_program(
+        "canvas_sample",
+        fn,
+        (params, cache, tokens, key_data, fixed, active),
+        out_shardings=out_shardings,
+        extra=extra,
+        compiler_options=settings.compiler_options,
+    )
+
+
 def build_programs(settings: AotSettings, mesh: Mesh) -> dict[str, Callable[[], tuple[dict[str, Any], Any]]]:
     return {
         "train_adamw": lambda: train_program(settings, mesh, "adamw"),
@@ -323,3 +379,89 @@ def run(settings: AotSettings, emit: Callable[[dict[str, Any]], None] = lambda r
         programs=rows,
         max_rss_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
     )
+
+
+def _memory_row(report: dict[str, Any]) -> dict[str, Any]:
+    mem = report["memory_per_device"]
+    return {
+        "program": report["program"],
+        "batch": report["tokens_shape"][0],
+        "vocab_chunk": report.get("vocab_chunk"),
+        "temp_bytes": mem["temp_size_in_bytes"],
+        "argument_bytes": mem["argument_size_in_bytes"],
+        "temp_gib": _gib(mem["temp_size_in_bytes"]),
+        "argument_gib": _gib(mem["argument_size_in_bytes"]),
+        "output_gib": _gib(mem["output_size_in_bytes"]),
+        "live_gib": _gib(mem["live_bytes_per_device"]),
+        "compile_s": report["compile_s"],
+    }
+
+
+def _gib(x: float) -> float:
+    return round(x / 2**30, 2)
+
+
+def memory_at_batch(
+    settings: AotSettings,
+    batches: Sequence[int],
+    vocab_chunks: Sequence[int],
+    emit: Callable[[dict[str, Any]], None] = lambda r: None,
+    num_steps: int = 48,
+) -> dict[str, Any]:
+    """Compiles the decode programs at every batch size: `canvas_denoise` (the model call alone), `canvas_sample`
+    (the sampler's canvas loop) for each vocab chunk (0 = off), `append_<append_len>` and `decode_1`; calls
+    `emit(report)` for each and returns a summary whose `rows` hold temp / argument / output GiB per device."""
+    mesh = sharding.make_mesh(settings.mesh)
+    cfg = TransformerConfig.from_dict(settings.model)
+    common = {
+        "mesh": dict(mesh.shape),
+        "num_layers": cfg.num_layers,
+        "vocab_size": cfg.vocab_size,
+        "canvas": settings.canvas,
+        "cache_len": settings.cache_len,
+        "dispatch": cfg.moe.dispatch if cfg.moe else None,
+        "backend": jax.default_backend(),
+    }
+    rows = []
+    for batch in batches:
+        at = dataclasses.replace(settings, decode_batch=batch)
+        compiles = [functools.partial(canvas_denoise_program, at, mesh)]
+        compiles += [functools.partial(canvas_sample_program, at, mesh, chunk, num_steps) for chunk in vocab_chunks]
+        compiles += [functools.partial(append_program, at, mesh, length) for length in (at.append_len, 1)]
+        for make in compiles:
+            report, _ = make()
+            report = dict(common, **report)
+            emit(report)
+            rows.append(_memory_row(report))
+    return dict(
+        common,
+        program="memory_at_batch",
+        batches=list(batches),
+        vocab_chunks=list(vocab_chunks),
+        logits_bytes_per_row=settings.canvas * cfg.vocab_size * 4,  # one canvas's float32 logits
+        rows=rows,
+        max_rss_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    )
+
+
+def memory_table(summary: dict[str, Any]) -> str:
+    """The `memory_at_batch` summary as a markdown table: one line per batch, temp (argument) GiB per program."""
+    chunks = summary["vocab_chunks"]
+    by_key = {(r["batch"], r["program"], r["vocab_chunk"]): r for r in summary["rows"]}
+    heads = ["batch", "logits GiB (whole batch)", "model call temp"]
+    heads += [f"canvas step, vocab_chunk {'off' if k == 0 else k}: temp (argument)" for k in chunks]
+    appends = sorted({r["program"] for r in summary["rows"] if r["program"].startswith(("append", "decode"))})
+    heads += [f"{name} temp (argument)" for name in appends]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for batch in summary["batches"]:
+        model = by_key[(batch, "canvas_denoise", None)]
+        logits = summary["logits_bytes_per_row"] * batch / 2**30
+        cells = [str(batch), f"{logits:.2f}", f"{model['temp_gib']:.2f}"]
+        for k in chunks:
+            row = by_key[(batch, "canvas_sample", k)]
+            cells.append(f"{row['temp_gib']:.2f} ({row['argument_gib']:.2f})")
+        for name in appends:
+            row = by_key[(batch, name, None)]
+            cells.append(f"{row['temp_gib']:.2f} ({row['argument_gib']:.2f})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

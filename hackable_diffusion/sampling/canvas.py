@@ -36,29 +36,37 @@ Differences from the reference, on purpose:
     Gumbel-max's random number per vocabulary entry (draws.py).
   * `score_temperature` (off by default, as the reference) lets the rule rank positions by logits at another
     temperature than the tokens are drawn at; early stopping and self-conditioning always use `shaped`.
+  * `vocab_chunk` (off by default) computes what the step reads of the logits (candidate, maxima, normalisers,
+    entropies, the self-conditioning signal) in one scan over chunks of the vocabulary, so that no float32
+    [b, c, v] array other than the model's logits is held (vocab_chunks.py): the same candidates for the same keys,
+    the same scores up to float32 summation order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 from jaxtyping import Array, Bool, Float, Int
 
 from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import KVCache
+from hackable_diffusion.models.config import resolve_dtype
 from hackable_diffusion.models.self_conditioning import NULL_SIGNALS
+from hackable_diffusion.sampling import vocab_chunks
 from hackable_diffusion.sampling.constraints import LogitConstraint
 from hackable_diffusion.sampling.draws import BlockedInverseCdf, GumbelMax
 from hackable_diffusion.sampling.early_stopping import EarlyStopping, diffusiongemma_early_stopping
-from hackable_diffusion.sampling.selection import NEG_LOGIT, EntropyBound, SelectionRule, StepInfo
+from hackable_diffusion.sampling.selection import NEG_LOGIT, EntropyBound, LogitSummary, SelectionRule, StepInfo
 from hackable_diffusion.sampling.temperature import AnnealedTemperature, Temperature
 from hackable_diffusion.sampling.views import PermutationViews
 
@@ -84,6 +92,11 @@ class DiffusionSampler:
       cached prefix is shared, not relabelled: meant for a task solved in place on an empty cache (a grid puzzle).
     draw: how each position's candidate is drawn from the shaped logits (draws.py): `GumbelMax()` as the reference,
       or `BlockedInverseCdf()`, the same distribution at a fraction of the cost (other tokens for the same key).
+    vocab_chunk: 0 = the step computes on whole-vocabulary arrays (several float32 [b, c, v] temporaries at once);
+      N > 0 = it scans the vocabulary in chunks of N ids (vocab_chunks.py), holding [b, c, N] ones: the same
+      candidates for the same keys, scores and self-conditioning equal to float32 rounding. Needs a selection rule and
+      early stopping that read the logits only through entropies, confidences, margins and argmaxes (`chunkable()`,
+      every built-in one), no `views`, and with `BlockedInverseCdf` a multiple of its block.
     """
 
     process: NoiseProcess
@@ -100,6 +113,7 @@ class DiffusionSampler:
     constraint: LogitConstraint | None = None
     views: PermutationViews | None = None
     draw: GumbelMax | BlockedInverseCdf = GumbelMax()
+    vocab_chunk: int = 0
 
     def __post_init__(self):
         checks = (
@@ -148,6 +162,36 @@ class DiffusionSampler:
             raise ValueError(
                 f"DiffusionSampler.score_temperature must be None (score the sampling distribution) or > 0, got "
                 f"{self.score_temperature!r}."
+            )
+        self._check_vocab_chunk()
+
+    def _check_vocab_chunk(self):
+        chunk = self.vocab_chunk
+        if not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 0:
+            raise ValueError(f"DiffusionSampler.vocab_chunk must be an int >= 0 (0 = off), got {chunk!r}.")
+        object.__setattr__(self, "vocab_chunk", int(chunk))
+        if not chunk:
+            return
+        if not self.selection.chunkable():
+            raise ValueError(
+                f"DiffusionSampler.vocab_chunk: the selection rule {self.selection!r} may read the whole distribution "
+                f"and cannot be computed in vocabulary chunks; use vocab_chunk=0."
+            )
+        if not self.early_stopping.chunkable():
+            raise ValueError(
+                f"DiffusionSampler.vocab_chunk: the early-stopping rule {self.early_stopping!r} may read the whole "
+                f"distribution and cannot be computed in vocabulary chunks; use vocab_chunk=0."
+            )
+        if self.views is not None:
+            raise ValueError(
+                "DiffusionSampler.vocab_chunk cannot be combined with views (each view's log-probabilities are a "
+                "[b, c, v] array of their own); use vocab_chunk=0."
+            )
+        v = self.process.vocab_size
+        if isinstance(self.draw, BlockedInverseCdf) and chunk < v and chunk % min(self.draw.block, v):
+            raise ValueError(
+                f"DiffusionSampler.vocab_chunk {chunk} must be a multiple of BlockedInverseCdf.block "
+                f"{self.draw.block} (or >= the vocabulary, {v})."
             )
 
     @classmethod
@@ -261,7 +305,17 @@ def tile_cache(cache: KVCache, copies: int) -> KVCache:
 
 
 def _denoise(
-    model, params, cache, canvas, keys, fixed, active, *, sampler: DiffusionSampler, return_trajectory: bool
+    model,
+    params,
+    cache,
+    canvas,
+    keys,
+    fixed,
+    active,
+    *,
+    sampler: DiffusionSampler,
+    return_trajectory: bool,
+    on_step: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> CanvasResult:
     b, c = canvas.shape
     num_steps = sampler.num_steps
@@ -290,15 +344,29 @@ def _denoise(
             logits = canvas_logits(model, params, cache, old, state.get("sc"))
         else:  # the mean log-probabilities of K relabelled copies, one batched call (views.py)
             logits = sampler.views(lambda v: canvas_logits(model, params, view_cache, v, None), old)
-        biased = logits.astype(jnp.float32) + bias
+        excluded = None
         if sampler.constraint is not None:  # the task's rules, given what is decided so far (constraints.py)
             decided = (fixed | (old != process.mask_id)) if persistent else fixed
-            biased = jnp.where(sampler.constraint(old, decided, biased.shape[-1]), NEG_LOGIT, biased)
-        shaped = biased / sampler.temperature(info.t)
+            excluded = sampler.constraint(old, decided, logits.shape[-1])
         step_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, step), 3))(keys)
-        candidates = sampler.draw(step_keys[:, 0], shaped)
+        if sampler.vocab_chunk:  # the same quantities, scanned over chunks of the vocabulary (vocab_chunks.py)
+            candidates, shaped, scored, sc = _summarised_step(
+                sampler, model, params, logits, excluded, sampler.temperature(info.t), step_keys[:, 0], use_sc
+            )
+            argmax = shaped.argmax
+        else:
+            biased = logits.astype(jnp.float32) + bias
+            if excluded is not None:
+                biased = jnp.where(excluded, NEG_LOGIT, biased)
+            shaped = biased / sampler.temperature(info.t)
+            candidates = sampler.draw(step_keys[:, 0], shaped)
+            scored = shaped if sampler.score_temperature is None else biased / sampler.score_temperature
+            argmax = jnp.argmax(shaped, axis=-1).astype(jnp.int32)
+            sc = None
+            if use_sc:
+                fed_back = shaped if sampler.sc_temperature is None else biased / sampler.sc_temperature
+                sc = T.model_method(model, params, "sc_signal", fed_back)
         undecided = free & (old == process.mask_id) if persistent else free
-        scored = shaped if sampler.score_temperature is None else biased / sampler.score_temperature
         accept, remask = sampler.selection(step_keys[:, 1], scored, candidates, undecided, info)
         accept, remask = accept & undecided, remask & free & ~undecided
         # The last step of the budget leaves no noise behind: whatever the rule did not accept takes its candidate
@@ -310,7 +378,6 @@ def _denoise(
         else:
             noise = jax.vmap(lambda k: process.prior_sample(k, (c,)))(step_keys[:, 2]).astype(jnp.int32)
             new = jnp.where(free, jnp.where(accept, candidates, noise), old)
-        argmax = jnp.argmax(shaped, axis=-1).astype(jnp.int32)
         stop = sampler.early_stopping(shaped, old, new, free, state["argmax"])
         if persistent:  # a masking row never stops with masks left; without remasking it stops when none are
             unmasked = ~jnp.any(free & (new == process.mask_id), axis=-1)
@@ -324,12 +391,11 @@ def _denoise(
             argmax=jnp.where(running[:, None], argmax, state["argmax"]),
         )
         if has_sc:
-            fed_back = shaped if sampler.sc_temperature is None else biased / sampler.sc_temperature
-            new_state["sc"] = (
-                T.model_method(model, params, "sc_signal", fed_back).astype(null_sc.dtype) if use_sc else null_sc
-            )
+            new_state["sc"] = sc.astype(null_sc.dtype) if use_sc else null_sc
         if return_trajectory:
             new_state["trajectory"] = state["trajectory"].at[step].set(new_state["canvas"])
+        if on_step is not None:  # the host sees every step as it happens (a live view, tokens streamed early)
+            io_callback(on_step, None, step + 1, new_state["canvas"], running, ordered=True)
         return new_state
 
     state = dict(
@@ -353,7 +419,55 @@ def _denoise(
     )
 
 
-_denoise_jit = jax.jit(_denoise, static_argnames=("model", "sampler", "return_trajectory"))
+def _summarised_step(
+    sampler: DiffusionSampler,
+    model: T.Transformer,
+    params: Any,
+    logits: Float[Array, "b c v"],
+    excluded: Bool[Array, "b c v"] | None,
+    temperature: Float[Array, ""],
+    draw_keys: Array,
+    use_sc: bool,
+) -> tuple[Int[Array, "b c"], LogitSummary, LogitSummary, Float[Array, "b c d"] | None]:
+    """(candidates, shaped, scored, sc) of one step with `vocab_chunk` set: what the unchunked step computes from
+    the whole-vocabulary arrays, here from one chunked scan (summaries in place of the shaped and scored logits)."""
+    biased = vocab_chunks.BiasedLogits(logits, sampler.logit_bias(), excluded)
+    divisors: list[Any] = [temperature]
+    score_view = sc_view = 0
+    if sampler.score_temperature is not None:
+        divisors.append(sampler.score_temperature)
+        score_view = len(divisors) - 1
+    if use_sc and sampler.sc_temperature is not None:
+        divisors.append(sampler.sc_temperature)
+        sc_view = len(divisors) - 1
+    gumbel = isinstance(sampler.draw, GumbelMax)
+    compute_dtype = resolve_dtype(model.cfg.compute_dtype)
+    scan = vocab_chunks.summarise(
+        biased,
+        tuple(divisors),
+        sampler.vocab_chunk,
+        gumbel_keys=draw_keys if gumbel else None,
+        embedding=vocab_chunks.embedding_table(model, params) if use_sc else None,
+        sc_view=sc_view,
+        matmul_dtype=compute_dtype,
+    )
+    if gumbel:
+        candidates = scan.candidates
+    else:
+        candidates = vocab_chunks.blocked_inverse_cdf(
+            draw_keys, biased, temperature, scan.summaries[0].max, sampler.vocab_chunk, sampler.draw.block
+        )
+    shaped = vocab_chunks.with_candidates(scan.summaries[0], biased, temperature, candidates)
+    scored = shaped
+    if score_view:
+        scored = vocab_chunks.with_candidates(scan.summaries[score_view], biased, divisors[score_view], candidates)
+    sc = None
+    if use_sc:
+        sc = vocab_chunks.sc_signal(scan.expected_embedding, model.cfg.embed_dim, compute_dtype)
+    return candidates, shaped, scored, sc
+
+
+_denoise_jit = jax.jit(_denoise, static_argnames=("model", "sampler", "return_trajectory", "on_step"))
 
 
 def denoise_canvas(
@@ -367,12 +481,16 @@ def denoise_canvas(
     fixed: Bool[Array, "b c"] | None = None,
     active: Bool[Array, "b"] | None = None,
     return_trajectory: bool = False,
+    on_step: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
 ) -> CanvasResult:
     """Denoises `canvas_init` (its free positions are the starting noise, its fixed positions the given tokens).
 
     key: an int seed, a single key (rows get fold_in(key, row)) or one key per row (batch-independent randomness).
     fixed: positions never changed. active: rows to denoise (inactive rows are returned unchanged with 0 steps).
     The canvas length is free here (it need not equal `sampler.canvas_length`); the cache is only read.
+    on_step: called on the host after every step with (step number from 1, the (b, c) canvas, the (b,) rows that ran
+      this step), in order, while the loop runs (an ordered `io_callback`: one host round trip per step). It must be
+      hashable (it is a static argument: a module-level function or a bound method compiles once); it changes no value.
     """
     canvas_init = jnp.asarray(canvas_init, jnp.int32)
     if canvas_init.ndim != 2 or canvas_init.shape[1] < 1:
@@ -402,4 +520,5 @@ def denoise_canvas(
         active,
         sampler=sampler,
         return_trajectory=return_trajectory,
+        on_step=on_step,
     )

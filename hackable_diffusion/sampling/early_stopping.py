@@ -18,6 +18,10 @@ finished row afterwards.
 
 Difference: only free positions count (fixed positions such as a puzzle's givens never change, and a model that disagrees
 with a given would otherwise block stability forever); a canvas with no free position is stable at once.
+
+The rules read the logits only through their argmax and entropy, so they also accept the `LogitSummary` that the
+sampler's `vocab_chunk` computes in chunks of the vocabulary (`vocab_chunks.py`); `EarlyStopping.chunkable()` says
+so, and a rule of one's own that reads the whole distribution says False (the sampler then refuses `vocab_chunk`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from hackable_diffusion.sampling.selection import entropy
+from hackable_diffusion.sampling.selection import LogitSummary, entropy, top_index
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +42,15 @@ class EarlyStopping(abc.ABC):
     """`rule(logits, previous, current, free, previous_argmax=None) -> stop (b,)`; `previous_argmax` is the argmax of
     the previous step's shaped logits (-1 before the first step), which the canvas loop always passes."""
 
+    def chunkable(self) -> bool:
+        """True when the rule reads the logits only through `top_index` and `entropy`, so that it also takes a
+        `LogitSummary` (the sampler's `vocab_chunk`)."""
+        return False
+
     @abc.abstractmethod
     def __call__(
         self,
-        logits: Float[Array, "b c v"],
+        logits: Float[Array, "b c v"] | LogitSummary,
         previous: Int[Array, "b c"],
         current: Int[Array, "b c"],
         free: Bool[Array, "b c"],
@@ -53,6 +62,9 @@ class EarlyStopping(abc.ABC):
 @dataclasses.dataclass(frozen=True)
 class NoEarlyStop(EarlyStopping):
     """Never stop early."""
+
+    def chunkable(self) -> bool:
+        return True
 
     def __call__(self, logits, previous, current, free, previous_argmax=None):
         return jnp.zeros(previous.shape[:1], bool)
@@ -73,11 +85,14 @@ class TokenStability(EarlyStopping):
                 f"(transformers), got {self.against!r}."
             )
 
+    def chunkable(self) -> bool:
+        return True
+
     def __call__(self, logits, previous, current, free, previous_argmax=None):
         if self.against == "previous_argmax" and previous_argmax is None:
             raise ValueError("TokenStability(against='previous_argmax') needs the previous step's argmax.")
         reference = {"input": previous, "output": current, "previous_argmax": previous_argmax}[self.against]
-        agrees = jnp.argmax(logits, axis=-1) == reference
+        agrees = top_index(logits) == reference
         return jnp.all(agrees | ~free, axis=-1)
 
 
@@ -92,6 +107,9 @@ class EntropyBelow(EarlyStopping):
     def __post_init__(self):
         if not self.threshold >= 0:
             raise ValueError(f"EntropyBelow: threshold must be >= 0, got {self.threshold}.")
+
+    def chunkable(self) -> bool:
+        return True
 
     def __call__(self, logits, previous, current, free, previous_argmax=None):
         h = jnp.where(free, entropy(logits), 0.0)
@@ -116,6 +134,9 @@ class Chained(EarlyStopping):
         if bad:
             raise ValueError(f"Chained: {bad} are not EarlyStopping rules.")
         object.__setattr__(self, "rules", rules)
+
+    def chunkable(self) -> bool:
+        return all(rule.chunkable() for rule in self.rules)
 
     def __call__(self, logits, previous, current, free, previous_argmax=None):
         stop = jnp.ones(previous.shape[:1], bool)

@@ -221,45 +221,46 @@ def _start_canvas(keys, index, fixed, fixed_tokens, *, sampler):
     return init, canvas_keys[:, 1]
 
 
-def generate(
-    model: T.Transformer,
-    params: Any,
-    prompts: Int[Array, "b p"] | Sequence[Sequence[int]],
-    *,
-    sampler: DiffusionSampler,
-    key: Any,
-    max_new_tokens: int,
-    prompt_mask: Bool[Array, "b p"] | None = None,
-    stop_tokens: Sequence[int] = (EOS_ID,),
-    cache_length: int | None = None,
-    fixed: Bool[Array, "b n"] | None = None,
-    fixed_tokens: Int[Array, "b n"] | None = None,
-    return_trajectory: bool = False,
-    on_device: bool = False,
-) -> GenerationResult:
-    """Generates up to `max_new_tokens` after each prompt, one canvas of `sampler.canvas_length` at a time.
+@dataclasses.dataclass(frozen=True)
+class CanvasUpdate:
+    """One committed canvas of a streamed generation (`stream_canvases`).
 
-    prompts: a (b, p) array (right-padded, with `prompt_mask`) or ragged lists of token ids (padded here).
-    key: an int seed, a single key (row i uses fold_in(key, i)) or one key per row; row i's tokens depend only on its
-      own key and prompt, so `keys[i:i+1]` with prompt i alone reproduces row i of a batch.
-    cache_length: slots in the KV cache (default: prompt width + every canvas needed); a shorter cache stops early.
-    fixed, fixed_tokens: (b, n <= max_new_tokens) positions of the generated region held to given tokens.
-    on_device: run the loop over canvases as one compiled `lax.while_loop` (no host sync between canvases; the same
-      tokens, steps and forward passes as the host loop); not with `return_trajectory`.
-    """
-    tokens, mask = _as_prompt_batch(prompts, prompt_mask)
+    index: the canvas number; start: where its tokens begin in the generated region; tokens: (b, length) the committed
+    canvas (truncated at each row's first stop token, PAD after; all PAD for rows already finished); finished: (b,)
+    rows that are done after this canvas (a stop token, or `cancelled`); steps: (b,) denoising steps each row used;
+    forward_passes: batched model calls so far (prefill included); trajectory: (steps, b, length) or None."""
+
+    index: int
+    start: int
+    tokens: np.ndarray
+    finished: np.ndarray
+    steps: np.ndarray
+    forward_passes: int
+    trajectory: np.ndarray | None = None
+
+
+def canvas_spans(max_new_tokens: int, canvas_length: int, first_canvas_length: int | None = None) -> list[int]:
+    """The lengths of the canvases that cover `max_new_tokens`: whole canvases; with a shorter first canvas of F
+    tokens, the same region (a whole number of canvases) as [F, canvas, ..., canvas, canvas - F], so the short first
+    canvas costs no extra tokens, only one more (small) canvas."""
     _check_max_new(max_new_tokens)
-    b, width = tokens.shape
-    c = sampler.canvas_length
-    num_canvases = math.ceil(max_new_tokens / c)
-    if cache_length is None:
-        cache_length = width + num_canvases * c
-    if width + c > cache_length:
+    whole = math.ceil(max_new_tokens / canvas_length)
+    if first_canvas_length is None or first_canvas_length == canvas_length:
+        return [canvas_length] * whole
+    if not isinstance(first_canvas_length, (int, np.integer)) or not 1 <= first_canvas_length <= canvas_length:
         raise ValueError(
-            f"the prompt ({width} slots) plus one canvas ({c} tokens) needs {width + c} cache slots but "
-            f"cache_length={cache_length}; shorten the prompt, use a shorter canvas or a longer cache."
+            f"first_canvas_length must be an int in [1, canvas_length={canvas_length}] or None, got "
+            f"{first_canvas_length!r}."
         )
-    num_canvases = min(num_canvases, (cache_length - width) // c)
+    if max_new_tokens <= first_canvas_length:
+        return [int(first_canvas_length)]
+    rest = whole * canvas_length - first_canvas_length
+    return [int(first_canvas_length)] + [canvas_length] * (rest // canvas_length) + [rest % canvas_length] * bool(
+        rest % canvas_length
+    )
+
+
+def _check_sampler(model: T.Transformer, sampler: DiffusionSampler) -> None:
     sampler.uses_self_conditioning(model)
     if sampler.process.vocab_size != model.cfg.vocab_size:
         raise ValueError(
@@ -267,7 +268,9 @@ def generate(
             f"{model.cfg.vocab_size}."
         )
 
-    region = num_canvases * c
+
+def _fixed_region(b: int, region: int, max_new_tokens: int, fixed, fixed_tokens) -> tuple[np.ndarray, np.ndarray]:
+    """(fixed, given) over the whole generated region (False / 0 beyond what the caller fixed)."""
     fixed_all = np.zeros((b, max(region, max_new_tokens)), bool)
     given_all = np.zeros(fixed_all.shape, np.int32)
     if fixed is not None:
@@ -287,73 +290,243 @@ def generate(
             )
         fixed_all[:, : fixed.shape[1]] = fixed
         given_all[:, : fixed.shape[1]] = fixed_tokens
+    return fixed_all, given_all
 
-    if on_device and return_trajectory:
-        raise ValueError("return_trajectory needs the host loop over canvases: pass on_device=False.")
+
+def stream_canvases(
+    model: T.Transformer,
+    params: Any,
+    prompts: Int[Array, "b p"] | Sequence[Sequence[int]],
+    *,
+    sampler: DiffusionSampler,
+    key: Any,
+    max_new_tokens: int,
+    prompt_mask: Bool[Array, "b p"] | None = None,
+    stop_tokens: Sequence[int] = (EOS_ID,),
+    cache_length: int | None = None,
+    fixed: Bool[Array, "b n"] | None = None,
+    fixed_tokens: Int[Array, "b n"] | None = None,
+    return_trajectory: bool = False,
+    first_canvas_length: int | None = None,
+    first_canvas_steps: int | None = None,
+    before_canvas: Any = None,
+    on_step: Any = None,
+    on_cache: Any = None,
+):
+    """`generate`'s host loop as an iterator: yields a `CanvasUpdate` as each canvas is committed.
+
+    first_canvas_length: the first canvas is this long, then whole canvases of `sampler.canvas_length`, the last one
+      shorter by as much (`canvas_spans`): a short first canvas gives the first tokens after a few cheap steps (time to
+      first token) at the price of one more, small, canvas.
+    first_canvas_steps: its denoising steps; None = as many tokens per step as the full canvases decide,
+      ceil(num_steps * first_canvas_length / canvas_length) (1 step for 16 tokens of a 256-token, 16-step sampler).
+    before_canvas: optional callable given the canvas index before every canvas and returning a (b,) bool array of
+      rows to stop there (their tokens from then on are PAD and they no longer hold the loop open), e.g. a client that
+      went away.
+    on_step: optional hashable callable run on the host after every denoising step (`denoise_canvas`'s): a live view.
+    on_cache: optional callable given the final KV cache.
+    The rest are `generate`'s arguments. Row randomness is per row as in `generate`; with the default canvas lengths
+    the tokens equal `generate`'s.
+    """
+    tokens, mask = _as_prompt_batch(prompts, prompt_mask)
+    b, width = tokens.shape
+    c = sampler.canvas_length
+    spans = canvas_spans(max_new_tokens, c, first_canvas_length)
+    if cache_length is None:
+        cache_length = width + sum(spans)
+    if width + spans[0] > cache_length:
+        raise ValueError(
+            f"the prompt ({width} slots) plus one canvas ({spans[0]} tokens) needs {width + spans[0]} cache slots but "
+            f"cache_length={cache_length}; shorten the prompt, use a shorter canvas or a longer cache."
+        )
+    while width + sum(spans) > cache_length:
+        spans.pop()
+    _check_sampler(model, sampler)
+    fixed_all, given_all = _fixed_region(b, sum(spans), max_new_tokens, fixed, fixed_tokens)
+    samplers = {length: sampler.replace(canvas_length=length) for length in set(spans) if length != c}
+    samplers[c] = sampler
+    if spans[0] != c:  # the short first canvas decides as many tokens per step as a whole one (unless told)
+        steps = first_canvas_steps or max(1, math.ceil(sampler.num_steps * spans[0] / c))
+        samplers[spans[0]] = sampler.replace(canvas_length=spans[0], num_steps=int(steps))
+
     keys = row_keys(key, b)
     _, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
     stop = _stop_array(stop_tokens)
-    trajectories = []
-    if on_device:
-        done, all_tokens, all_steps, passes, cache = _canvases_on_device(
+    # Kept on the host: a device array here would come back from `truncate_at_stop` with the mesh's sharding, and
+    # that changed input type would compile the denoising loop a second time for the second canvas.
+    active = np.ones((b,), bool)
+    forward_passes = 1
+    start = 0
+    for index, length in enumerate(spans):
+        if before_canvas is not None:
+            active = active & ~np.asarray(before_canvas(index), bool).reshape(b)
+        if not active.any():
+            break
+        span = slice(start, start + length)
+        canvas_fixed, canvas_given = fixed_all[:, span], given_all[:, span]
+        init, canvas_keys = _start_canvas(keys, index, canvas_fixed, canvas_given, sampler=samplers[length])
+        result = denoise_canvas(
             model,
             params,
             cache,
-            keys,
-            jnp.asarray(fixed_all[:, :region]),
-            jnp.asarray(given_all[:, :region]),
-            stop,
-            sampler=sampler,
-            num_canvases=num_canvases,
+            init,
+            canvas_keys,
+            sampler=samplers[length],
+            fixed=canvas_fixed,
+            active=active,
+            return_trajectory=return_trajectory,
+            on_step=on_step,
         )
-        done = int(done)
-        generated = np.asarray(all_tokens)[:, : done * c]
-        steps = np.asarray(all_steps)[:, :done]
-        forward_passes = int(passes)
-    else:
-        # Kept on the host: a device array here would come back from `truncate_at_stop` with the mesh's sharding, and
-        # that changed input type would compile the denoising loop a second time for the second canvas.
-        active = np.ones((b,), bool)
-        forward_passes = 1
-        outputs, per_canvas_steps = [], []
-        for index in range(num_canvases):
-            if not active.any():
-                break
-            span = slice(index * c, (index + 1) * c)
-            canvas_fixed, canvas_given = fixed_all[:, span], given_all[:, span]
-            init, canvas_keys = _start_canvas(keys, index, canvas_fixed, canvas_given, sampler=sampler)
-            result = denoise_canvas(
-                model,
-                params,
-                cache,
-                init,
-                canvas_keys,
-                sampler=sampler,
-                fixed=canvas_fixed,
-                active=active,
-                return_trajectory=return_trajectory,
-            )
-            canvas, stopped = truncate_at_stop(result.canvas, stop, active)
-            cache = commit_canvas(model, params, cache, canvas)
-            forward_passes += int(result.forward_passes) + 1
-            active = active & ~np.asarray(stopped)
-            outputs.append(np.asarray(canvas))
-            per_canvas_steps.append(np.asarray(result.steps))
-            if return_trajectory:
-                trajectories.append(np.asarray(result.trajectory))
-        generated = np.concatenate(outputs, axis=1) if outputs else np.zeros((b, 0), np.int32)
-        steps = np.stack(per_canvas_steps, axis=1) if per_canvas_steps else np.zeros((b, 0), np.int32)
+        canvas, stopped = truncate_at_stop(result.canvas, stop, active)
+        cache = commit_canvas(model, params, cache, canvas)
+        forward_passes += int(result.forward_passes) + 1
+        active = active & ~np.asarray(stopped)
+        yield CanvasUpdate(
+            index=index,
+            start=start,
+            tokens=np.asarray(canvas),
+            finished=~active,
+            steps=np.asarray(result.steps),
+            forward_passes=forward_passes,
+            trajectory=np.asarray(result.trajectory) if return_trajectory else None,
+        )
+        start += length
+    if on_cache is not None:
+        on_cache(cache)
 
-    produced = generated.shape[1]
+
+def generate(
+    model: T.Transformer,
+    params: Any,
+    prompts: Int[Array, "b p"] | Sequence[Sequence[int]],
+    *,
+    sampler: DiffusionSampler,
+    key: Any,
+    max_new_tokens: int,
+    prompt_mask: Bool[Array, "b p"] | None = None,
+    stop_tokens: Sequence[int] = (EOS_ID,),
+    cache_length: int | None = None,
+    fixed: Bool[Array, "b n"] | None = None,
+    fixed_tokens: Int[Array, "b n"] | None = None,
+    return_trajectory: bool = False,
+    on_device: bool = False,
+    first_canvas_length: int | None = None,
+    first_canvas_steps: int | None = None,
+) -> GenerationResult:
+    """Generates up to `max_new_tokens` after each prompt, one canvas of `sampler.canvas_length` at a time.
+
+    prompts: a (b, p) array (right-padded, with `prompt_mask`) or ragged lists of token ids (padded here).
+    key: an int seed, a single key (row i uses fold_in(key, i)) or one key per row; row i's tokens depend only on its
+      own key and prompt, so `keys[i:i+1]` with prompt i alone reproduces row i of a batch.
+    cache_length: slots in the KV cache (default: prompt width + every canvas needed); a shorter cache stops early.
+    fixed, fixed_tokens: (b, n <= max_new_tokens) positions of the generated region held to given tokens.
+    on_device: run the loop over canvases as one compiled `lax.while_loop` (no host sync between canvases; the same
+      tokens, steps and forward passes as the host loop); not with `return_trajectory`.
+    first_canvas_length, first_canvas_steps: a shorter first canvas (see `stream_canvases`); host loop only.
+    """
+    if on_device:
+        if return_trajectory:
+            raise ValueError("return_trajectory needs the host loop over canvases: pass on_device=False.")
+        if first_canvas_length not in (None, sampler.canvas_length):
+            raise ValueError("first_canvas_length needs the host loop over canvases: pass on_device=False.")
+        return _generate_on_device(
+            model,
+            params,
+            prompts,
+            sampler=sampler,
+            key=key,
+            max_new_tokens=max_new_tokens,
+            prompt_mask=prompt_mask,
+            stop_tokens=stop_tokens,
+            cache_length=cache_length,
+            fixed=fixed,
+            fixed_tokens=fixed_tokens,
+        )
+    final = {}
+    updates = list(
+        stream_canvases(
+            model,
+            params,
+            prompts,
+            sampler=sampler,
+            key=key,
+            max_new_tokens=max_new_tokens,
+            prompt_mask=prompt_mask,
+            stop_tokens=stop_tokens,
+            cache_length=cache_length,
+            fixed=fixed,
+            fixed_tokens=fixed_tokens,
+            return_trajectory=return_trajectory,
+            first_canvas_length=first_canvas_length,
+            first_canvas_steps=first_canvas_steps,
+            on_cache=lambda cache: final.update(cache=cache),
+        )
+    )
+    b = _as_prompt_batch(prompts, prompt_mask)[0].shape[0]
+    if updates:
+        generated = np.concatenate([u.tokens for u in updates], axis=1)
+        steps = np.stack([u.steps for u in updates], axis=1)
+        forward_passes = updates[-1].forward_passes
+    else:
+        generated, steps, forward_passes = np.zeros((b, 0), np.int32), np.zeros((b, 0), np.int32), 1
+    return _result(
+        generated,
+        max_new_tokens,
+        stop_tokens,
+        forward_passes=forward_passes,
+        steps=steps,
+        trajectories=tuple(u.trajectory for u in updates) if return_trajectory else None,
+        cache=final.get("cache"),
+    )
+
+
+def _result(generated, max_new_tokens, stop_tokens, **fields) -> GenerationResult:
+    b, produced = generated.shape
     out = np.full((b, max_new_tokens), PAD_ID, np.int32)
     kept = generated[:, :max_new_tokens]
     out[:, : kept.shape[1]] = kept
-    return GenerationResult(
-        tokens=out,
-        lengths=_lengths(out, stop_tokens, produced),
-        forward_passes=forward_passes,
-        steps=steps,
-        trajectories=tuple(trajectories) if return_trajectory else None,
+    return GenerationResult(tokens=out, lengths=_lengths(out, stop_tokens, produced), **fields)
+
+
+def _generate_on_device(
+    model, params, prompts, *, sampler, key, max_new_tokens, prompt_mask, stop_tokens, cache_length, fixed, fixed_tokens
+) -> GenerationResult:
+    tokens, mask = _as_prompt_batch(prompts, prompt_mask)
+    _check_max_new(max_new_tokens)
+    b, width = tokens.shape
+    c = sampler.canvas_length
+    num_canvases = math.ceil(max_new_tokens / c)
+    if cache_length is None:
+        cache_length = width + num_canvases * c
+    if width + c > cache_length:
+        raise ValueError(
+            f"the prompt ({width} slots) plus one canvas ({c} tokens) needs {width + c} cache slots but "
+            f"cache_length={cache_length}; shorten the prompt, use a shorter canvas or a longer cache."
+        )
+    num_canvases = min(num_canvases, (cache_length - width) // c)
+    _check_sampler(model, sampler)
+    region = num_canvases * c
+    fixed_all, given_all = _fixed_region(b, region, max_new_tokens, fixed, fixed_tokens)
+    keys = row_keys(key, b)
+    _, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
+    done, all_tokens, all_steps, passes, cache = _canvases_on_device(
+        model,
+        params,
+        cache,
+        keys,
+        jnp.asarray(fixed_all[:, :region]),
+        jnp.asarray(given_all[:, :region]),
+        _stop_array(stop_tokens),
+        sampler=sampler,
+        num_canvases=num_canvases,
+    )
+    done = int(done)
+    return _result(
+        np.asarray(all_tokens)[:, : done * c],
+        max_new_tokens,
+        stop_tokens,
+        forward_passes=int(passes),
+        steps=np.asarray(all_steps)[:, :done],
         cache=cache,
     )
 

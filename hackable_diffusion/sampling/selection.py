@@ -53,6 +53,12 @@ position at the last step (so nothing is left masked). Dream floors the count an
 
 All randomness is float32 (LLaDA notes that low-precision Gumbel noise hurts; it uses float64) and drawn per batch
 row from that row's own key, so a row's choices do not depend on the other rows of the batch.
+
+A rule reads the logits only through `entropy`, `Confidence`, `Margin` and `NegEntropy`, so it also accepts a
+`LogitSummary` in their place: the per-position maximum, second maximum, normaliser, entropy and candidate logit that
+`DiffusionSampler.vocab_chunk` computes over the vocabulary in chunks (`vocab_chunks.py`), without a [b, c, v] copy
+of the logits. `SelectionRule.chunkable()` says whether a rule does (a rule of one's own that reads the full
+distribution says False, and the sampler refuses it with `vocab_chunk` set).
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
+import flax
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
@@ -131,15 +138,43 @@ def row_gumbel(keys: Array, shape: tuple[int, ...]) -> Float[Array, "b ..."]:
     return jax.vmap(lambda k: jax.random.gumbel(k, shape, jnp.float32))(keys)
 
 
+@flax.struct.dataclass
+class LogitSummary:
+    """What the rules and early stopping read of one step's float32 logits x over the vocabulary, per position.
+
+    max: max_v x_v; argmax: its first index; second: the second-largest logit (the largest again where it occurs
+    twice; -inf for a vocabulary of one); sumexp: sum_v exp(x_v - max), so that softmax(x)_v = exp(x_v - max) / sumexp;
+    entropy: of softmax(x), nats; at_candidate: x at the step's candidate token. Computed in chunks of the vocabulary by
+    `vocab_chunks.summarise`; every field equals what the full logits give up to float32 summation order (argmax and
+    max exactly).
+    """
+
+    max: Float[Array, "b c"]
+    argmax: Int[Array, "b c"]
+    second: Float[Array, "b c"]
+    sumexp: Float[Array, "b c"]
+    entropy: Float[Array, "b c"]
+    at_candidate: Float[Array, "b c"]
+
+
 def probabilities(logits: Float[Array, "b c v"]) -> Float[Array, "b c v"]:
     return jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
 
 
-def entropy(logits: Float[Array, "b c v"]) -> Float[Array, "b c"]:
-    """Per-position entropy (nats) of softmax(logits), in float32."""
+def entropy(logits: Float[Array, "b c v"] | LogitSummary) -> Float[Array, "b c"]:
+    """Per-position entropy (nats) of softmax(logits), in float32 (a `LogitSummary` holds it already)."""
+    if isinstance(logits, LogitSummary):
+        return logits.entropy
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     p = jnp.exp(logp)
     return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+
+
+def top_index(logits: Float[Array, "b c v"] | LogitSummary) -> Int[Array, "b c"]:
+    """Per-position argmax of the logits (the first of equal maxima)."""
+    if isinstance(logits, LogitSummary):
+        return logits.argmax
+    return jnp.argmax(logits, axis=-1)
 
 
 def _ranks(sort_key: Float[Array, "b c"]) -> Int[Array, "b c"]:
@@ -174,7 +209,12 @@ class Confidence:
 
     of_top: bool = False
 
-    def __call__(self, logits: Float[Array, "b c v"], candidates: Int[Array, "b c"]) -> Float[Array, "b c"]:
+    def __call__(
+        self, logits: Float[Array, "b c v"] | LogitSummary, candidates: Int[Array, "b c"]
+    ) -> Float[Array, "b c"]:
+        if isinstance(logits, LogitSummary):  # the summary's candidate logit is that of `candidates`
+            top = jnp.zeros_like(logits.max) if self.of_top else logits.at_candidate - logits.max
+            return jnp.exp(top) / logits.sumexp
         p = probabilities(logits)
         if self.of_top:
             return jnp.max(p, axis=-1)
@@ -185,8 +225,12 @@ class Confidence:
 class Margin:
     """Top-1 minus top-2 probability (Kim et al. 2025 'top probability margin'; Dream 'topk_margin')."""
 
-    def __call__(self, logits: Float[Array, "b c v"], candidates: Int[Array, "b c"]) -> Float[Array, "b c"]:
+    def __call__(
+        self, logits: Float[Array, "b c v"] | LogitSummary, candidates: Int[Array, "b c"]
+    ) -> Float[Array, "b c"]:
         del candidates
+        if isinstance(logits, LogitSummary):
+            return 1.0 / logits.sumexp - jnp.exp(logits.second - logits.max) / logits.sumexp
         top2 = jax.lax.top_k(probabilities(logits), 2)[0]
         return top2[..., 0] - top2[..., 1]
 
@@ -195,9 +239,14 @@ class Margin:
 class NegEntropy:
     """Negative entropy of the prediction (Dream 'entropy')."""
 
-    def __call__(self, logits: Float[Array, "b c v"], candidates: Int[Array, "b c"]) -> Float[Array, "b c"]:
+    def __call__(
+        self, logits: Float[Array, "b c v"] | LogitSummary, candidates: Int[Array, "b c"]
+    ) -> Float[Array, "b c"]:
         del candidates
         return -entropy(logits)
+
+
+SUMMARY_SCORES = (Confidence, Margin, NegEntropy)  # the scores that also read a `LogitSummary`
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -286,16 +335,22 @@ class SelectionRule(abc.ABC):
     """Base class: `rule(keys, logits, candidates, undecided, info) -> (accept, remask)`.
 
     keys: one PRNG key per batch row; logits: the scored logits, float32 (the sampling logits unless the sampler sets
-    score_temperature); candidates: the tokens sampled from the sampling logits.
+    score_temperature), or their `LogitSummary` when the sampler scans the vocabulary in chunks (`chunkable`);
+    candidates: the tokens sampled from the sampling logits.
     """
 
     remasks: ClassVar[bool] = False  # True when the rule may send decided tokens back to MASK
+
+    def chunkable(self) -> bool:
+        """True when the rule reads the logits only through `entropy` and the scores above, so that it also takes a
+        `LogitSummary` (the sampler's `vocab_chunk`); False for a rule that may read the whole distribution."""
+        return False
 
     @abc.abstractmethod
     def __call__(
         self,
         keys: Array,
-        logits: Float[Array, "b c v"],
+        logits: Float[Array, "b c v"] | LogitSummary,
         candidates: Int[Array, "b c"],
         undecided: Bool[Array, "b c"],
         info: StepInfo,
@@ -321,6 +376,9 @@ class EntropyBound(SelectionRule):
         if not self.gamma >= 0:
             raise ValueError(f"EntropyBound: gamma must be >= 0, got {self.gamma} (DiffusionGemma uses 0.1).")
 
+    def chunkable(self) -> bool:
+        return True
+
     def __call__(self, keys, logits, candidates, undecided, info):
         del keys, candidates
         h = entropy(logits)
@@ -339,6 +397,9 @@ class EntropyBound(SelectionRule):
 @dataclasses.dataclass(frozen=True)
 class Ancestral(SelectionRule):
     """MD4: unmask each masked position with probability (alpha_s - alpha_t)/(1 - alpha_t); uniform: alpha_s."""
+
+    def chunkable(self) -> bool:
+        return True
 
     def __call__(self, keys, logits, candidates, undecided, info):
         del logits, candidates
@@ -371,6 +432,9 @@ class TopK(SelectionRule):
         if self.also_above is not None and not 0.0 < self.also_above <= 1.0:
             raise ValueError(f"TopK: also_above must lie in (0, 1] (or be None), got {self.also_above}.")
 
+    def chunkable(self) -> bool:
+        return isinstance(self.score, SUMMARY_SCORES)
+
     def __call__(self, keys, logits, candidates, undecided, info):
         scores = self.score(logits, candidates).astype(jnp.float32)
         sure = undecided & (scores >= self.also_above) if self.also_above is not None else _empty(undecided.shape)
@@ -391,6 +455,9 @@ class ConfidenceThreshold(SelectionRule):
         if not 0.0 <= self.tau <= 1.0:
             raise ValueError(f"ConfidenceThreshold: tau must lie in [0, 1], got {self.tau} (Fast-dLLM uses 0.9).")
 
+    def chunkable(self) -> bool:
+        return isinstance(self.score, SUMMARY_SCORES)
+
     def __call__(self, keys, logits, candidates, undecided, info):
         del keys, info
         scores = self.score(logits, candidates).astype(jnp.float32)
@@ -408,6 +475,9 @@ class _ReMDM(SelectionRule):
     def __post_init__(self):
         if not self.eta >= 0:
             raise ValueError(f"{type(self).__name__}: eta must be >= 0, got {self.eta}.")
+
+    def chunkable(self) -> bool:
+        return True
 
     @abc.abstractmethod
     def sigma(self, sigma_max: Float[Array, ""]) -> Float[Array, ""]:

@@ -16,7 +16,7 @@ def test_decode_bench_prints_a_line_per_step_count_with_bandwidth_and_flop_fract
     args = [sys.executable, "experiments/decode_bench.py", "--model", "tiny", "--prompt", "8", "--canvas", "8"]
     args += ["--canvases", "2", "--repeats", "1", "--bandwidth_mib", "16", "--matmul_n", "256", "--steps", "2,3"]
     run = subprocess.run(
-        [*args, "--weights", "native,fp8", "--out", str(tmp_path)],
+        [*args, "--weights", "native,fp8", "--first_canvas", "2", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -33,6 +33,9 @@ def test_decode_bench_prints_a_line_per_step_count_with_bandwidth_and_flop_fract
     ]
     native, fp8 = lines[:2], lines[2:]
     assert all(line["weights"] == "float32" for line in native)
+    first = native[0]["first_canvas"]["2"]  # a 2-token first canvas at ceil(2 steps x 2 / 8) = 1 step
+    assert first["first_canvas_steps"] == 1 and first["ttft_s"] > 0 and first["tokens_per_s"] > 0
+    assert "first_canvas" not in fp8[0]  # generation figures of FP8 come from the step programs
     assert all(line["weights"].startswith("float8_e4m3fn") for line in fp8)
     for line in lines:
         for program in ("canvas", "ar"):

@@ -1,0 +1,164 @@
+"""An OpenAI-compatible server over a run: python -m hackable_diffusion.serve --workdir RUN|hf:DIR
+
+  python -m hackable_diffusion.serve --workdir runs/quickstart [--host 127.0.0.1 --port 8000] [--max_batch 8]
+      [--max_queue 64] [--request_timeout_s 600] [--config.sampler.num_steps=16]
+
+Then any OpenAI client talks to it (base URL http://HOST:PORT/v1, any API key), e.g.
+`curl localhost:8000/v1/completions -d '{"prompt": "ROMEO:", "max_tokens": 64, "seed": 1}'`, and the page at
+http://HOST:PORT/ shows a canvas denoising live. SIGTERM / Ctrl-C stop taking connections and let running requests
+finish (up to --shutdown_timeout_s). Needs the serving extra: pip install -e '.[serve]'. See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import signal
+import threading
+import time
+from collections.abc import Sequence
+
+from absl import app, flags
+
+from hackable_diffusion import cli, run_config
+
+FLAGS = flags.FLAGS
+_HAS_RUN = {"saved": False}
+
+
+def define_flags(argv: list[str]):
+    _, saved = cli.define_workdir_config_flag(argv)
+    _HAS_RUN["saved"] = saved is not None
+    flags.DEFINE_string("workdir", None, "A training run directory, or hf:DIR for a Hugging Face checkpoint.")
+    flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).")
+    flags.DEFINE_integer("port", 8000, "Port to listen on (0 = any free port, printed at start).")
+    flags.DEFINE_integer("max_batch", 8, "Most requests in one generation (rounded up to a power of two).")
+    flags.DEFINE_integer("max_queue", 64, "Most waiting requests; more are answered 429.")
+    flags.DEFINE_float("request_timeout_s", 600.0, "A request still running after this long gets a 504.")
+    flags.DEFINE_float("shutdown_timeout_s", 60.0, "On SIGTERM, how long running requests may take to finish.")
+    flags.DEFINE_integer("prompt_bucket", 32, "Prompt widths are padded to a multiple of this (fewer compilations).")
+    flags.DEFINE_integer("max_context", 0, "Most prompt + max_tokens tokens (0 = twice the trained sequence length).")
+    flags.DEFINE_string("model_name", "", "The model id clients send (default: the run directory's name).")
+    flags.DEFINE_enum("weights", "ema", ["ema", "raw"], "Which weights of a toolbox run: the EMA or the trained ones.")
+    flags.DEFINE_bool("warm_up", True, "Compile the batch-1 and full-batch programs before taking requests.")
+
+
+def load_engine(workdir: str, config, *, weights: str = "ema", model_name: str = "", **engine_args):
+    """(engine, chat template) for a run directory or hf:DIR, with the config's overrides applied."""
+    from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.checkpoints import hf_runs, toolbox
+    from hackable_diffusion.serve import chat
+    from hackable_diffusion.serve.engine import Engine
+
+    run_dir = hf_runs.resolve_workdir(workdir)
+    exp = exp_lib.build(config, run_dir)
+    if exp.task.name != "text":
+        raise ValueError(f"{workdir} is a {exp.task.name!r} run; the server serves text runs.")
+    params, _ = toolbox.load_params(exp, run_dir, weights=weights)
+    init = config.get("init", {})
+    template = chat.find_chat_template(init.get("checkpoint")) if init.get("kind") == "hf" else None
+    name = model_name or pathlib.Path(workdir.removeprefix(hf_runs.HF_PREFIX)).name
+    return Engine(exp, params, model_name=name, **engine_args), template
+
+
+def warm_up(engine, prompt: str = "", max_tokens: int | None = None, batch_sizes: Sequence[int] = ()) -> float:
+    """Runs one request at batch 1 and a full batch (and any `batch_sizes`), so that the first clients do not wait
+    for compilation; returns the seconds it took. The engine's statistics start afresh afterwards."""
+    from hackable_diffusion.serve.engine import EngineStats, Request, next_power_of_two
+
+    start = time.perf_counter()
+    for size in sorted({1, engine.max_batch, *(next_power_of_two(b) for b in batch_sizes)}):
+        done = threading.Semaphore(0)
+        release = lambda event, d=done: d.release() if event["type"] in ("done", "error") else None  # noqa: E731
+        tokens = max_tokens or engine.canvas_length
+        engine.submit_many(
+            [Request(engine.encode(prompt), tokens, release) for _ in range(min(size, engine.max_batch))]
+        )
+        for _ in range(min(size, engine.max_batch)):
+            done.acquire()
+    engine.stats = EngineStats()  # the figures /metrics shows are the clients'
+    return time.perf_counter() - start
+
+
+class ServerThread:
+    """uvicorn serving `app` from a background thread (tests, benchmarks): `with ServerThread(app) as s: s.url`."""
+
+    def __init__(self, app_, host: str = "127.0.0.1", port: int = 0, shutdown_timeout_s: float = 30.0):
+        import uvicorn
+
+        config = uvicorn.Config(
+            app_, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout_s
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start (is the port free?).")
+            time.sleep(0.02)
+        return self
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+def main(argv):
+    del argv
+    from hackable_diffusion.checkpoints import hf_runs
+
+    try:
+        import uvicorn
+
+        from hackable_diffusion.serve.app import build_app
+    except ImportError as e:
+        raise app.UsageError(f"the server needs its extra: pip install -e '.[serve]' ({e}).") from None
+    if FLAGS.workdir is None:
+        raise app.UsageError("--workdir is required (a run directory, or hf:DIR).")
+    cli.quiet_library_logs()
+    if not _HAS_RUN["saved"]:
+        run_config.load_saved_config(hf_runs.resolve_workdir(FLAGS.workdir))  # the clear error: no run there
+    engine, template = load_engine(
+        FLAGS.workdir,
+        FLAGS.config,
+        weights=FLAGS.weights,
+        model_name=FLAGS.model_name,
+        max_batch=FLAGS.max_batch,
+        max_queue=FLAGS.max_queue,
+        prompt_bucket=FLAGS.prompt_bucket,
+        max_context=FLAGS.max_context or None,
+    )
+    if FLAGS.warm_up:
+        print(f"compiling (batch 1 and {engine.max_batch}) ...", flush=True)
+        print(f"warm in {warm_up(engine):.1f} s", flush=True)
+    application = build_app(engine, chat_template=template, request_timeout_s=FLAGS.request_timeout_s)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            application,
+            host=FLAGS.host,
+            port=FLAGS.port,
+            log_level="info",
+            timeout_graceful_shutdown=FLAGS.shutdown_timeout_s,
+        )
+    )
+    kind = "autoregressive" if engine.is_autoregressive else f"diffusion, canvas {engine.canvas_length}"
+    print(f"serving {engine.model_name!r} ({kind}) on http://{FLAGS.host}:{FLAGS.port}/ (OpenAI API under /v1)")
+
+    def stopped(signum, frame):  # uvicorn drains, then re-raises the signal it caught: a clean exit, not a kill
+        raise SystemExit(0)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stopped)
+    try:
+        server.run()
+    except SystemExit:
+        pass
+    s = engine.stats
+    print(f"stopped: {s.completed} requests answered, {s.cancelled} cancelled, {s.rejected} refused", flush=True)

@@ -12,8 +12,9 @@ go in the extra body: `steps` (denoising steps per canvas), `selection` ({"rule"
 `event: step`). Fields OpenAI has but this server does not compute (`logprobs`, `echo`, `best_of` > 1, penalties
 other than 0, `n` > 1, tools) are refused with a 400 rather than silently ignored.
 
-Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400 bad request, 404 unknown model or
-route, 429 queue full, 503 shutting down, 504 request timeout, 500 generation failure.
+Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400 bad request, 404 unknown model
+(as OpenAI's and vLLM's servers answer) or route, 429 queue full, 503 while the model loads or the server shuts down,
+504 request timeout, 500 generation failure.
 """
 
 from __future__ import annotations
@@ -131,11 +132,16 @@ def _check_common(body: Any, engine: Engine) -> None:
 class Api:
     """The route handlers, bound to one engine."""
 
-    def __init__(self, engine: Engine, chat_template: str | None = None, request_timeout_s: float = 600.0):
+    def __init__(self, engine: Engine | None, chat_template: str | None = None, request_timeout_s: float = 600.0):
         self.engine = engine
         self.chat_template = chat_template
         self.request_timeout_s = request_timeout_s
         self.created = int(time.time())
+
+    def set_engine(self, engine: Engine, chat_template: str | None = None) -> None:
+        """The model is ready: routes stop answering 503."""
+        self.chat_template = chat_template
+        self.engine = engine
 
     async def body(self, http: HttpRequest) -> Any:
         try:
@@ -315,12 +321,21 @@ class Api:
             request.cancel()  # the client went away (or the stream ended): its row is freed at the next canvas
 
 
-def build_app(engine: Engine, *, chat_template: str | None = None, request_timeout_s: float = 600.0) -> Starlette:
-    """The Starlette application; the engine is closed (drained) when the app shuts down."""
+def build_app(
+    engine: Engine | None, *, chat_template: str | None = None, request_timeout_s: float = 600.0
+) -> Starlette:
+    """The Starlette application; the engine is closed (drained) when the app shuts down.
+
+    `engine=None` starts the server before the model is ready: every route but the page answers 503 ("the model is
+    loading") until `app.state.api.set_engine(engine)` is called (the command loads and warms the model meanwhile)."""
     api = Api(engine, chat_template=chat_template, request_timeout_s=request_timeout_s)
 
-    def guarded(handler):
+    def guarded(handler, needs_engine: bool = True):
         async def endpoint(http: HttpRequest) -> Response:
+            if needs_engine and api.engine is None:
+                response = error_response(503, "the model is loading; retry in a few seconds.")
+                response.headers["Retry-After"] = "5"
+                return response
             try:
                 return await handler(http)
             except ApiError as e:
@@ -334,14 +349,17 @@ def build_app(engine: Engine, *, chat_template: str | None = None, request_timeo
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        await asyncio.to_thread(engine.close)
+        if api.engine is not None:
+            await asyncio.to_thread(api.engine.close)
 
     routes = [
-        Route("/", guarded(api.page), methods=["GET"]),
+        Route("/", guarded(api.page, needs_engine=False), methods=["GET"]),
         Route("/health", guarded(api.health), methods=["GET"]),
         Route("/metrics", guarded(api.metrics), methods=["GET"]),
         Route("/v1/models", guarded(api.models), methods=["GET"]),
         Route("/v1/completions", guarded(api.completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(api.chat_completions), methods=["POST"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: not_found}, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found}, lifespan=lifespan)
+    app.state.api = api
+    return app

@@ -125,20 +125,7 @@ def main(argv):
     cli.quiet_library_logs()
     if not _HAS_RUN["saved"]:
         run_config.load_saved_config(hf_runs.resolve_workdir(FLAGS.workdir))  # the clear error: no run there
-    engine, template = load_engine(
-        FLAGS.workdir,
-        FLAGS.config,
-        weights=FLAGS.weights,
-        model_name=FLAGS.model_name,
-        max_batch=FLAGS.max_batch,
-        max_queue=FLAGS.max_queue,
-        prompt_bucket=FLAGS.prompt_bucket,
-        max_context=FLAGS.max_context or None,
-    )
-    if FLAGS.warm_up:
-        print(f"compiling (batch 1 and {engine.max_batch}) ...", flush=True)
-        print(f"warm in {warm_up(engine):.1f} s", flush=True)
-    application = build_app(engine, chat_template=template, request_timeout_s=FLAGS.request_timeout_s)
+    application = build_app(None, request_timeout_s=FLAGS.request_timeout_s)  # 503 until the model is ready
     server = uvicorn.Server(
         uvicorn.Config(
             application,
@@ -148,8 +135,33 @@ def main(argv):
             timeout_graceful_shutdown=FLAGS.shutdown_timeout_s,
         )
     )
-    kind = "autoregressive" if engine.is_autoregressive else f"diffusion, canvas {engine.canvas_length}"
-    print(f"serving {engine.model_name!r} ({kind}) on http://{FLAGS.host}:{FLAGS.port}/ (OpenAI API under /v1)")
+    loaded: dict = {}
+
+    def load() -> None:  # while the server answers 503 "loading"
+        try:
+            engine, template = load_engine(
+                FLAGS.workdir,
+                FLAGS.config,
+                weights=FLAGS.weights,
+                model_name=FLAGS.model_name,
+                max_batch=FLAGS.max_batch,
+                max_queue=FLAGS.max_queue,
+                prompt_bucket=FLAGS.prompt_bucket,
+                max_context=FLAGS.max_context or None,
+            )
+            if FLAGS.warm_up:
+                print(f"compiling (batch 1 and {engine.max_batch}) ...", flush=True)
+                print(f"warm in {warm_up(engine):.1f} s", flush=True)
+            application.state.api.set_engine(engine, template)
+            loaded["engine"] = engine
+            kind = "autoregressive" if engine.is_autoregressive else f"diffusion, canvas {engine.canvas_length}"
+            print(f"ready: {engine.model_name!r} ({kind})", flush=True)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread after the server stops
+            loaded["error"] = e
+            server.should_exit = True
+
+    print(f"serving on http://{FLAGS.host}:{FLAGS.port}/ (OpenAI API under /v1); loading the model ...", flush=True)
+    threading.Thread(target=load, name="serve-load", daemon=True).start()
 
     def stopped(signum, frame):  # uvicorn drains, then re-raises the signal it caught: a clean exit, not a kill
         raise SystemExit(0)
@@ -160,5 +172,8 @@ def main(argv):
         server.run()
     except SystemExit:
         pass
-    s = engine.stats
-    print(f"stopped: {s.completed} requests answered, {s.cancelled} cancelled, {s.rejected} refused", flush=True)
+    if "error" in loaded:
+        raise loaded["error"]
+    if "engine" in loaded:
+        s = loaded["engine"].stats
+        print(f"stopped: {s.completed} requests answered, {s.cancelled} cancelled, {s.rejected} refused", flush=True)

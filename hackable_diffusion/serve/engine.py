@@ -66,10 +66,13 @@ class SamplerSettings:
 
 @dataclasses.dataclass
 class Request:
-    """One completion. `emit(event)` is called from the worker thread with dicts:
-    {"type": "text", "text": delta, "tokens": n} per committed canvas with new text; {"type": "step", "canvas": i,
-    "step": s, "pieces": [text or None (masked) per position]} per denoising step when `want_steps`; {"type": "done", "finish_reason": ...,
-    "text": full text, "completion_tokens": n, "prompt_tokens": p}; {"type": "error", "message": ..., "code": ...}."""
+    """One completion. `emit(event)` is called from the engine's threads with dicts:
+      {"type": "text", "text": delta, "tokens": n}: text that became final (a step's decided prefix, or a canvas);
+      {"type": "step", "canvas": i, "step": s, "pieces": [text, or None where masked, per position]}: every
+        denoising step, when `want_steps`;
+      {"type": "done", "finish_reason": "stop" | "length", "text": all of it, "completion_tokens": n,
+        "prompt_tokens": p};
+      {"type": "error", "message": ..., "code": HTTP status}."""
 
     prompt_ids: list[int]
     max_tokens: int

@@ -247,7 +247,10 @@ def test_small_pieces():
     assert cut_at_stop("abc", ["x", ""]) == ("abc", False)
     messages = chat.check_messages([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
     assert chat.render(messages, None) == "User: hi\n\nAssistant:"
-    template = "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    template = (
+        "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
     assert chat.render(messages, template) == "<user>hi<assistant>"
     with pytest.raises(ValueError, match="role"):
         chat.check_messages([{"role": "x", "content": "y"}])
@@ -294,7 +297,21 @@ def test_the_command_serves_and_sigterm_lets_a_running_stream_finish(trained_tex
         assert finals[-1]["choices"][0]["finish_reason"] in ("stop", "length")
         assert process.wait(timeout=120) == 0
         output = process.stdout.read()
-        assert f"on http://127.0.0.1:{port}/" in output
+        assert f"on http://127.0.0.1:{port}/" in output and "ready:" in output
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_the_server_answers_503_while_the_model_loads(served):
+    app = build_app(None)
+    with ServerThread(app) as server:
+        loading = httpx.post(server.url + "/v1/completions", json={"prompt": "A", "max_tokens": 4}, timeout=30)
+        assert loading.status_code == 503 and loading.json()["error"]["code"] == 503
+        assert loading.headers["retry-after"] == "5"
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 503
+        assert httpx.get(server.url + "/", timeout=30).status_code == 200  # the page needs no model
+        engine = Engine(served["exp"], served["params"], max_batch=1, prompt_bucket=8)  # closed with the app
+        app.state.api.set_engine(engine)
+        ready = httpx.post(server.url + "/v1/completions", json={"prompt": "A", "max_tokens": 4}, timeout=60)
+        assert ready.status_code == 200 and ready.json()["choices"][0]["finish_reason"] in ("stop", "length")

@@ -332,3 +332,27 @@ def test_hard_spec_rejects_bad_knobs():
         hard_puzzles.HardSpec(min_guesses=-1)
     with pytest.raises(generator.GenerationError, match="max_grids"):
         hard_puzzles.generate_hard_puzzle(np.random.default_rng(0), hard_puzzles.HardSpec((17, 17), 0, max_grids=2))
+
+
+
+def test_hard_puzzles_join_the_training_set_within_their_guess_band(tmp_path):
+    from hackable_diffusion.tasks.sudoku import data as data_lib
+    from hackable_diffusion.tasks.sudoku import hard_puzzles
+    from hackable_diffusion.tasks.sudoku import recipes as sudoku_recipes
+
+    config = sudoku_recipes.sudoku_in_place_config(steps=1, depth_loops=1)
+    config.data.num_train, config.data.num_eval = 8, 4
+    config.data.cache_dir = str(tmp_path)
+    plain = data_lib.build_data(config)
+    config.data.hard_count, config.data.hard_min_guesses, config.data.hard_max_guesses = 6, 1, 30
+    config.data.hard_givens_min, config.data.hard_givens_max = 24, 36
+    mixed = data_lib.build_data(config)
+    hard = hard_puzzles.generate_hard_dataset(
+        6, hard_puzzles.HardSpec(givens=(24, 36), min_guesses=1), seed=0, cache_dir=str(tmp_path)
+    )
+    kept = (hard["guesses"] <= 30) & hard["guesses_complete"]
+    assert 0 < kept.sum() < 6 or kept.all()
+    np.testing.assert_array_equal(mixed.train_tokens[:8], plain.train_tokens)  # the plain set first, unchanged
+    np.testing.assert_array_equal(mixed.train_tokens[8:], mixed.tokenizer.encode(hard["solutions"][kept]))
+    np.testing.assert_array_equal(mixed.train_fixed[8:], hard["puzzles"][kept] != 0)
+    assert (hard["guesses"][kept] >= 1).all() and (hard["guesses"][kept] <= 30).all()

@@ -70,6 +70,8 @@ def build_data(config: ml_collections.ConfigDict) -> SudokuData:
     train = generator.generate_dataset(
         int(dc.num_train), (lo, hi), seed=int(dc.generator_seed), unique=bool(dc.unique), cache_dir=cache_dir
     )
+    if int(dc.get("hard_count", 0)):
+        train = with_hard_puzzles(train, dc, cache_dir)
     held_out = generator.generate_dataset(
         int(dc.num_eval), (lo, hi), seed=held_out_seed(config), unique=True, cache_dir=cache_dir
     )
@@ -84,6 +86,28 @@ def build_data(config: ml_collections.ConfigDict) -> SudokuData:
         eval_puzzles=held_out["puzzles"],
         eval_solutions=held_out["solutions"],
     )
+
+
+def with_hard_puzzles(train: dict[str, np.ndarray], dc: ml_collections.ConfigDict, cache_dir) -> dict[str, np.ndarray]:
+    """The training puzzles plus `data.hard_count` generated hard ones (`hard_puzzles.generate_hard_dataset`, cached),
+    those above `data.hard_max_guesses` guesses dropped when it is set."""
+    from hackable_diffusion.tasks.sudoku import hard_puzzles
+
+    spec = hard_puzzles.HardSpec(
+        givens=(int(dc.hard_givens_min), int(dc.hard_givens_max)),
+        min_guesses=int(dc.hard_min_guesses),
+        rule=str(dc.hard_rule),
+    )
+    hard = hard_puzzles.generate_hard_dataset(int(dc.hard_count), spec, seed=int(dc.hard_seed), cache_dir=cache_dir)
+    keep = np.ones(len(hard["puzzles"]), bool)
+    if int(dc.hard_max_guesses):
+        keep = (hard["guesses"] <= int(dc.hard_max_guesses)) & hard["guesses_complete"]
+    print(
+        f"training set: {len(train['puzzles'])} puzzles + {int(keep.sum())} of {len(keep)} hard ones "
+        f"({spec.rule} guesses {spec.min_guesses}..{int(dc.hard_max_guesses) or 'any'})",
+        flush=True,
+    )
+    return {k: np.concatenate([train[k], hard[k][keep]]) for k in ("puzzles", "solutions")}
 
 
 def make_train_iterator(

@@ -117,6 +117,7 @@ def sudoku_config(
     c.data.augment_symmetry = False  # True: every training row mapped by a random Sudoku symmetry (symmetry.py)
     c.data.generator_seed = 0
     c.data.cache_dir = ""  # "" = $HACKABLE_DIFFUSION_CACHE or ~/.cache/hackable_diffusion
+    c.data.update(hard_data_section())
     c.diffusion.process = {"in_place": "masking", "canvas": process, "ar": "none"}[layout]
     c.diffusion.objective = {"in_place": "pretrain", "canvas": "sft", "ar": "ar"}[layout]
     c.diffusion.canvas_len = 81 if layout == "canvas" else 0
@@ -155,11 +156,30 @@ _OLD_SOLVER_KEYS = (  # sampler keys of Sudoku runs saved before config.solver e
 )
 
 
+def hard_data_section() -> dict:
+    """`config.data` keys that add generated hard puzzles (`hard_puzzles.py`, cached) to the training set: `hard_count`
+    puzzles with `hard_givens` givens and at least `hard_min_guesses` exact-solver guesses under `hard_rule`; with
+    `hard_max_guesses` > 0 only those with at most that many are kept (train on easier bands, test on harder ones)."""
+    return dict(
+        hard_count=0,  # 0: none
+        hard_givens_min=22,
+        hard_givens_max=36,
+        hard_min_guesses=10,
+        hard_max_guesses=0,  # 0: no upper bound
+        hard_rule="plain",  # the guess-counting rule: "plain" (first blank, singles only) | "fewest"
+        hard_seed=0,
+    )
+
+
 def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
     """Moves the Sudoku settings of a config saved before `config.solver` existed out of `config.sampler` (in place):
     `constraint="sudoku"` -> `solver.rules=True`, `views="sudoku:K[:SEED]"` -> `solver.views=K, views_seed=SEED`,
     `restart_selection_kwargs='{"gumbel_scale": g}'` -> `solver.restart_gumbel_scale=g`, and the other solver keys
     as they were; a saved `config.solver` gains the keys added since, at their defaults."""
+    missing_data = {key: value for key, value in hard_data_section().items() if key not in config.data}
+    if missing_data:  # a run saved before hard puzzles could join the training set
+        with config.data.unlocked():
+            config.data.update(missing_data)
     s = config.sampler
     old = {key: s[key] for key in _OLD_SOLVER_KEYS if key in s}
     constraint = str(s.get("constraint", "") or "")

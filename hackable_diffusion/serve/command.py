@@ -39,6 +39,9 @@ def define_flags(argv: list[str]):
     flags.DEFINE_integer("max_context", 0, "Most prompt + max_tokens tokens (0 = twice the trained sequence length).")
     flags.DEFINE_string("model_name", "", "The model id clients send (default: the run directory's name).")
     flags.DEFINE_enum("weights", "ema", ["ema", "raw"], "Which weights of a toolbox run: the EMA or the trained ones.")
+    flags.DEFINE_integer(
+        "vocab_chunk", -1, "The canvas step reads the vocabulary in chunks of this size (-1: 16,384 if larger; 0: off)."
+    )
     flags.DEFINE_bool("warm_up", True, "Compile the batch-1 and full-batch programs before taking requests.")
 
 
@@ -148,6 +151,7 @@ def main(argv):
                 max_queue=FLAGS.max_queue,
                 prompt_bucket=FLAGS.prompt_bucket,
                 max_context=FLAGS.max_context or None,
+                vocab_chunk=None if FLAGS.vocab_chunk < 0 else FLAGS.vocab_chunk,
             )
             if FLAGS.warm_up:
                 print(f"compiling (batch 1 and {engine.max_batch}) ...", flush=True)

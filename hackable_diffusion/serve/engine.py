@@ -19,6 +19,8 @@ cancellation when the client goes away, metrics), built on the toolbox's own gen
     batch open). Autoregressive runs are served by the
     same queue with cached AR decoding and answer in one event.
   * The first canvas can be shorter than the rest (`first_canvas`): its few cheap steps give the first tokens early.
+  * Vocabularies over 16,384 ids are read in chunks of 16,384 by the canvas step (`sampler.vocab_chunk`), so a batch
+    holds one float32 [batch, canvas, vocabulary] array, the logits, whatever its size (`vocab_chunk=0` turns it off).
 
 Deliberate differences from vLLM: batches are formed between generations (a request arriving mid-generation waits for
 the next one, no continuous batching), and a temperature of 0 is served as a near-greedy draw (1e-4) whose positions
@@ -43,6 +45,7 @@ from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, MASK_ID, NEVER_GE
 from hackable_diffusion.sampling import generate as gen_lib
 
 GREEDY_TEMPERATURE = 1e-4  # what temperature 0 becomes in the diffusion sampler
+AUTO_VOCAB_CHUNK = 16_384  # vocabularies larger than this are scanned in chunks of it by default (vocab_chunks.py)
 
 
 class QueueFull(RuntimeError):
@@ -149,6 +152,7 @@ class Engine:
         max_queue: int = 64,
         prompt_bucket: int = 32,
         max_context: int | None = None,
+        vocab_chunk: int | None = None,
         model_name: str = "hackable-diffusion",
         start: bool = True,
     ):
@@ -163,6 +167,10 @@ class Engine:
         self.prompt_bucket = prompt_bucket
         trained = int(exp.config.data.get("seq_len") or 0)
         self.max_context = int(max_context or (2 * trained if trained else 4096))
+        if vocab_chunk is None:  # large vocabularies: never more than one [batch, canvas, vocab] float32 array
+            configured = int(exp.config.sampler.get("vocab_chunk", 0) or 0)
+            vocab_chunk = configured or (AUTO_VOCAB_CHUNK if exp.model.cfg.vocab_size > AUTO_VOCAB_CHUNK else 0)
+        self.vocab_chunk = int(vocab_chunk)
         self.model_name = model_name
         self.stats = EngineStats()
         self._pending: collections.deque[Request] = collections.deque()
@@ -268,6 +276,7 @@ class Engine:
         config = self.exp.config.copy_and_resolve_references()
         sc = config.sampler
         with sc.unlocked():
+            sc.vocab_chunk = self.vocab_chunk
             if s.num_steps is not None:
                 sc.num_steps = int(s.num_steps)
             if s.selection_rule is not None:

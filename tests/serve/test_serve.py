@@ -315,3 +315,21 @@ def test_the_server_answers_503_while_the_model_loads(served):
         app.state.api.set_engine(engine)
         ready = httpx.post(server.url + "/v1/completions", json={"prompt": "A", "max_tokens": 4}, timeout=60)
         assert ready.status_code == 200 and ready.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_the_vocabulary_chunked_step_serves_the_same_text(served):
+    exp, params = served["exp"], served["params"]
+    assert Engine(exp, params, start=False).vocab_chunk == 0  # a small vocabulary: whole arrays
+    engine = Engine(exp, params, max_batch=2, prompt_bucket=8, max_context=256, vocab_chunk=16)
+    events = []
+    done = threading.Event()
+
+    def emit(event):
+        events.append(event)
+        if event["type"] in ("done", "error"):
+            done.set()
+
+    engine.submit(Request(prompt_ids=engine.encode("ROMEO:"), max_tokens=16, emit=emit, seed=3))
+    assert done.wait(120)
+    engine.close()
+    assert events[-1]["type"] == "done" and events[-1]["text"] == alone(served, "ROMEO:", 3)

@@ -1,10 +1,11 @@
 """Config builders shared by the files in `configs/` (md4 / big_vision style `ml_collections` configs).
 
-A config file composes these: a model shape from `models.presets`, a data section, a diffusion section (process,
-schedule, time sampler, objective, loss), the optimizer, the training loop, the mesh, evaluation and the sampler used
-for evaluation samples. Every field is a plain value so that any of them can be overridden on the command line
-(`--config.diffusion.process=masking`, `--config.sampler.selection.gamma=0.05`); `hackable_diffusion.builders` turns
-the values into objects. A task adds its own sections (Sudoku: `config.solver`, `tasks/sudoku/recipes.py`).
+A config file composes these: the weights it starts from (`init_section`, random init by default), a model shape
+from `models.presets`, a data section, a diffusion section (process, schedule, time sampler, objective, loss), the
+optimizer, the training loop, the mesh, evaluation and the sampler used for evaluation samples. Every field is a
+plain value so that any of them can be overridden on the command line (`--config.diffusion.process=masking`,
+`--config.sampler.selection.gamma=0.05`); `hackable_diffusion.builders` turns the values into objects. A task adds
+its own sections (Sudoku: `config.solver`, `tasks/sudoku/recipes.py`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ EARLY_STOPPING_ARGUMENTS = {  # every argument an early-stopping rule takes (Non
     "against": str,  # token_stability: "input" | "output" | "previous_argmax"
 }
 DRAW_ARGUMENTS = {"block": int}  # blocked_inverse_cdf: ids per block
+# Parameters a run may add to the weights it starts from (`init.allow_new`, comma-separated globs, `*` crossing "/"):
+# the self-conditioner, which DiffusionGemma's recipe adds to a model trained without one (Gemma-4, an AR run).
+ALLOW_NEW = "self_conditioner/*"
 
 
 def rule_section(kind: str, rule: str, arguments: dict[str, type], args: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -68,9 +72,30 @@ def draw(rule: str, **args: Any) -> ml_collections.ConfigDict:
     return rule_section("draw", rule, DRAW_ARGUMENTS, args)
 
 
+def init_section(kind: str = "scratch", checkpoint: str = "") -> ml_collections.ConfigDict:
+    """`config.init`: the weights a run starts from, one section for `train`, `sft` and `rl`
+    (`checkpoints.base_weights`; `--init_from KIND:PATH` sets kind and checkpoint). `train` keeps its own model shape
+    and recipe and loads the source strictly (every parameter loaded or allowed new); `sft` and `rl` take the source's
+    shape (and `inherit_diffusion`: its diffusion recipe)."""
+    return ml_collections.ConfigDict(
+        dict(
+            kind=kind,  # "scratch" | "toolbox" | "params" | "gemma" | "hf"
+            checkpoint=checkpoint,  # toolbox workdir (or checkpoints/) | params dir | gemma orbax dir | HF directory
+            weights="ema",  # toolbox: "ema" takes the EMA weights when the run kept them, "raw" the trained ones
+            allow_new=ALLOW_NEW,  # globs on parameter paths that may start from random init (not in the source)
+            inherit_diffusion=True,  # sft: take the noise process and loss recipe of the source run
+            tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus
+            ignore_unexpected=False,  # gemma/hf: skip checkpoint tensors the model has no place for (e.g. other towers)
+            decoder_window="per_token",  # hf: "cache_tail" reproduces transformers' decoder (TransformerConfig)
+            dtype="",  # hf: parameter dtype ("" = the checkpoint's, e.g. bfloat16)
+        )
+    )
+
+
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
+    c.init = init_section()  # scratch: random init; a run can start from weights (docs/training.md)
     c.model = ml_collections.ConfigDict(presets.tiny())
     c.data = ml_collections.ConfigDict(
         dict(
@@ -260,18 +285,7 @@ def sft_config(
     c = base_config()
     c.model = ml_collections.ConfigDict(model or presets.quickstart())
     c.model.self_conditioning = True
-    c.init = ml_collections.ConfigDict(
-        dict(
-            kind=init_kind,  # "toolbox" | "params" | "gemma" | "hf" | "scratch"
-            checkpoint=checkpoint,  # toolbox workdir (or checkpoints/) | params dir | gemma orbax dir | Hugging Face dir
-            weights="ema",  # toolbox: "ema" takes the EMA weights when the run kept them, "raw" the trained ones
-            inherit_diffusion=True,  # toolbox/params: take the noise process and loss recipe of the source run
-            tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus
-            ignore_unexpected=False,  # gemma/hf: skip checkpoint tensors the model has no place for (e.g. other towers)
-            decoder_window="per_token",  # hf: "cache_tail" reproduces transformers' decoder (TransformerConfig)
-            dtype="",  # hf: parameter dtype ("" = the checkpoint's, e.g. bfloat16)
-        )
-    )
+    c.init = init_section(init_kind, checkpoint)
     c.lora = ml_collections.ConfigDict(
         dict(
             rank=lora_rank,  # 0 = full fine-tuning
@@ -346,18 +360,7 @@ def rl_sections(
     weights (`init`, a toolbox run by default), `lora` (rank 0: full), the `rl` section (docs/rl.md), a constant
     learning rate after a short warm-up, no EMA."""
     c = config.copy_and_resolve_references()
-    c.init = ml_collections.ConfigDict(
-        dict(
-            kind="toolbox",  # "toolbox" | "params" | "gemma" | "hf"
-            checkpoint=checkpoint,
-            weights="ema",  # toolbox: the run's EMA weights when it kept them, "raw" the trained ones
-            inherit_diffusion=True,
-            tokenizer_dir="",
-            ignore_unexpected=False,
-            decoder_window="per_token",
-            dtype="",
-        )
-    )
+    c.init = init_section("toolbox", checkpoint)
     c.lora = ml_collections.ConfigDict(
         dict(rank=lora_rank, alpha=float(max(2 * lora_rank, 1)), targets=lora_lib.DEFAULT_TARGETS,
              include_experts=False, freeze_router=False)

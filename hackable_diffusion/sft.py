@@ -90,6 +90,8 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: 
         if not (path / "tokenizer" / tok_lib.CONFIG_FILE).is_file():
             base.tokenizer.save(path / "tokenizer", metadata={"source": base.source})
     exp = exp_lib.build(config, workdir)  # the base model's shape, the text task's SFT examples
+    if base.source != "scratch" and not base_weights.has_checkpoints(path):  # the init table and init_report.json
+        base_weights.report_start(base, exp.model, config, path)
 
     adapter = builders.build_adapter(config)
     base_params = base.params
@@ -164,8 +166,7 @@ def define_flags(argv: list[str]):
     from absl import flags
 
     argv = cli.define_config_file_flag(argv, "SFT config file (configs/sft_*.py); override keys: --config.a.b=value.")
-    base = "The base weights, KIND:PATH, KIND one of hf (a Hugging Face directory), gemma, toolbox, params; sets "
-    flags.DEFINE_string("init_from", None, base + "config.init.kind and config.init.checkpoint.")
+    base_weights.define_init_from_flag()
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints, fused_params, metrics, tokenizer.")
     flags.DEFINE_bool("sample_at_end", True, "Print a sample from the fine-tuned model at the end.")
     return argv

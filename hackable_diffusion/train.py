@@ -9,6 +9,14 @@ config is printed and saved to `workdir/config.json` (rerunning with changed ove
 `train.num_steps`, prints the changed keys and appends them to `workdir/config_changes.jsonl`); an override of a key
 that does not exist stops the command with the closest existing keys. Multi-host: pass --coordinator_address,
 --num_processes and --process_id (or set JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID).
+
+Starting from weights (`config.init`, `--init_from KIND:PATH`; default kind "scratch": random init): the model stays
+this config's (its shape, process and objective, e.g. a masking run started from an autoregressive one) with the
+source's vocabulary and tokenizer, and the source's parameters are mapped onto it strictly
+(`checkpoints.base_weights.match_params`): each is loaded with its shape checked, or is new and allowed by
+`init.allow_new`; the table of loaded / new / unused parameters is printed and saved as `workdir/init_report.json`.
+The optimizer state, the data iterator and the step counter start fresh. A workdir with checkpoints resumes from them
+and does not read the source again.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import json
 from absl import app, flags
 
 from hackable_diffusion import cli, run_config
+from hackable_diffusion.checkpoints import base_weights
 
 FLAGS = flags.FLAGS
 
@@ -33,12 +42,14 @@ def define_flags(argv: list[str]):
     flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
     flags.DEFINE_integer("distributed_timeout_s", 60, "Seconds to wait for the other processes.")
     flags.DEFINE_bool("sample_at_end", True, "Print samples from the trained model at the end.")
+    base_weights.define_init_from_flag()
     return argv
 
 
 def run(config, workdir: str, *, sample_at_end: bool = True):
     """Trains the experiment described by `config` in `workdir`; returns (experiment, final state). The config is
-    checked before anything is written, and the workdir is locked against a second writer while training."""
+    checked before anything is written, and the workdir is locked against a second writer while training. With
+    `config.init` naming weights, a fresh run starts from them (the module docstring)."""
     import contextlib
 
     import jax
@@ -47,6 +58,8 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
     from hackable_diffusion.training.workdir_lock import WorkdirLock
 
     exp_lib.check_config(config)  # before anything is written: a bad value leaves the workdir as it was
+    if not base_weights.has_checkpoints(workdir):  # a resumed run does not read config.init
+        base_weights.check_init(config)
     with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
         return _run(config, workdir, sample_at_end=sample_at_end)
 
@@ -62,10 +75,32 @@ def _run(config, workdir: str, *, sample_at_end: bool):
     from hackable_diffusion.training import loop, metrics, sharding
 
     path = exp_lib.workdir_path(workdir)
+    base = loaded = report = None
+    if base_weights.has_checkpoints(path):
+        config = base_weights.resumed_train_config(config, path)  # the init applies to a fresh run only
+    elif base_weights.init_kind(config) != "scratch":  # strict: every parameter loaded or allowed new, before writing
+        base = base_weights.load_base(config)
+        config = base_weights.resolve_train_config(config, base)
+        shapes = base_weights.param_shapes(builders.build_model(config, int(config.model.vocab_size)))
+        allow_new = base_weights.allow_patterns(config)
+        loaded, report = base_weights.match_params(base.params, shapes, allow_new=allow_new, source=base.source)
     if jax.process_index() == 0:
         print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
         run_config.save_config(config, path / "config.json")
+        if report is not None:
+            print(report.table(), flush=True)
+            report.save(path)
+    if base is not None:
+        base_weights.install_tokenizer(base, path)
     exp = exp_lib.build(config, workdir)
+    init_fn = lambda key: T.init_params(exp.model, key)  # noqa: E731
+    if loaded is not None:
+        if exp.model.cfg.vocab_size != config.model.vocab_size:
+            raise ValueError(
+                f"the run's tokenizer has {exp.tokenizer.vocab_size} ids, more than the {config.model.vocab_size} "
+                f"rows of the source's embedding ({base.source}); train with the source's tokenizer."
+            )
+        init_fn = base_weights.start_init_fn(exp.model, loaded)
     counts = count_params(exp.model.cfg)
     if jax.process_index() == 0:
         print(
@@ -85,7 +120,7 @@ def _run(config, workdir: str, *, sample_at_end: bool):
     )
     state = loop.train(
         workdir=workdir,
-        init_fn=lambda key: T.init_params(exp.model, key),
+        init_fn=init_fn,
         loss_fn=exp.objective,
         train_iterator=exp.task.train_iterator(exp, jax.process_index(), jax.process_count()),
         loop=settings,
@@ -113,7 +148,10 @@ def main(argv):
     maybe_initialize_distributed(
         FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.distributed_timeout_s
     )
-    run(FLAGS.config, FLAGS.workdir, sample_at_end=FLAGS.sample_at_end)
+    config = FLAGS.config
+    if FLAGS.init_from:
+        base_weights.set_init_from(config, FLAGS.init_from)
+    run(config, FLAGS.workdir, sample_at_end=FLAGS.sample_at_end)
 
 
 if __name__ == "__main__":

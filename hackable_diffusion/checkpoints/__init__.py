@@ -8,7 +8,7 @@
 | `toolbox` | the toolbox's own runs (orbax train-state steps) and bare params directories |
 | `quantized_runs` | runs quantized to FP8 by `python -m hackable_diffusion.quantize` |
 | `hf_runs` | a Hugging Face directory used as a run (`--workdir hf:DIR`) |
-| `base_weights` | the weights a fine-tuning run starts from, as `config.init` names them |
+| `base_weights` | the weights a run starts from (`config.init`) and how they enter the new model |
 
 `models/` holds the network alone; nothing there reads or writes files.
 """

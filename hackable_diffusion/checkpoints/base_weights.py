@@ -1,28 +1,42 @@
-"""The weights a fine-tuning run starts from, as `config.init` names them.
+"""The weights a run starts from, as `config.init` names them, and how they enter the new model.
 
-`load_base(config)` gives `sft` (and every command that trains from weights) its model, tokenizer and base params:
+Every command that trains takes the same `config.init` section (`recipes.init_section`; `--init_from KIND:PATH` sets
+kind and checkpoint, `set_init_from`). `load_base(config)` gives the model, tokenizer and params of the source.
 kind "toolbox": `init.checkpoint` is a toolbox workdir (or its `checkpoints/` folder); the params (EMA if
-`init.weights == "ema"` and present) of its latest step are restored, and its `config.json` (model shape) and `tokenizer/` are
-used when present. kind "params": `init.checkpoint` is a params directory written by `toolbox.save_params` (e.g. the
-`fused_params` of an earlier SFT run; its parent's `config.json` and `tokenizer/` are used the same way). kind
-"gemma": a gemma-layout orbax directory (`checkpoints.gemma.load_gemma_checkpoint`), shaped by `config.model`. kind
-"hf": a Hugging Face DiffusionGemma / Gemma-4 directory (`checkpoints.hf.load_hf`: its config.json gives the model
-shape, its tokenizer the tokenizer). kind "scratch": random init (smoke tests).
+`init.weights == "ema"` and present) of its latest step are restored, and its `config.json` (model shape) and
+`tokenizer/` are used when present. kind "params": `init.checkpoint` is a params directory written by
+`toolbox.save_params` (e.g. the `fused_params` of an earlier SFT run; its parent's `config.json` and `tokenizer/` are
+used the same way). kind "gemma": a gemma-layout orbax directory (`checkpoints.gemma.load_gemma_checkpoint`), shaped
+by `config.model`. kind "hf": a Hugging Face DiffusionGemma / Gemma-4 directory (`checkpoints.hf.load_hf`: its
+config.json gives the model shape, its tokenizer the tokenizer). kind "scratch": random init.
+
+`sft` and `rl` train the source's own shape. `train` keeps its config's model and recipe (e.g. a masking run started
+from an autoregressive one, whose parameter trees are the same) and maps the source onto it strictly
+(`match_params`): every parameter of the new model is loaded (its shape checked) or is new, and a new parameter is an
+error unless a glob of `init.allow_new` matches its path (default `recipes.ALLOW_NEW`: the self-conditioner that
+DiffusionGemma's recipe adds); source parameters the new model has no place for are reported as unused. The outcome
+is an `InitReport`, printed as one table and saved as `init_report.json` in the run directory. The init applies to a
+fresh run only: a workdir with checkpoints resumes from them (`has_checkpoints`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import json
 import pathlib
-from collections.abc import Mapping
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 
 from hackable_diffusion import run_config
 from hackable_diffusion.checkpoints import gemma as gemma_ckpt
 from hackable_diffusion.checkpoints.toolbox import load_params_directory, load_toolbox_params
+from hackable_diffusion.checkpoints.trees import flatten_tree, unflatten_tree
 from hackable_diffusion.data import text as text_lib
 from hackable_diffusion.data import tokenizers as tok_lib
 from hackable_diffusion.data.tokenizers import Tokenizer
@@ -31,6 +45,12 @@ from hackable_diffusion.models.config import TransformerConfig
 
 PyTree = Any
 INIT_KINDS = ("toolbox", "params", "gemma", "hf", "scratch")
+REPORT_FILE = "init_report.json"
+INIT_FROM_HELP = (
+    "The starting weights, KIND:PATH with KIND one of toolbox (a training workdir), params (a params directory), "
+    "gemma (a gemma-layout orbax tree), hf (a Hugging Face directory); sets config.init.kind and "
+    "config.init.checkpoint."
+)
 
 
 def _corpus_tokenizer(config: ml_collections.ConfigDict) -> Tokenizer:
@@ -58,14 +78,60 @@ class Base:
     params: PyTree
     source: str
     source_config: ml_collections.ConfigDict | None = None  # the source run's config.json, if any
+    tokenizer_dir: pathlib.Path | None = None  # the folder the tokenizer was read from (a run's tokenizer/), if any
+
+
+def define_init_from_flag() -> None:
+    """The `--init_from KIND:PATH` flag of every command that trains (train, sft, rl)."""
+    from absl import flags
+
+    flags.DEFINE_string("init_from", None, INIT_FROM_HELP)
 
 
 def set_init_from(config: ml_collections.ConfigDict, spec: str) -> None:
-    """Sets `config.init.kind` and `config.init.checkpoint` from a command's `--init_from KIND:PATH` (in place)."""
+    """Sets `config.init.kind` and `config.init.checkpoint` from a command's `--init_from KIND:PATH` (in place); a
+    config without an init section gets the default one first (`recipes.init_section`)."""
     kind, _, checkpoint = spec.partition(":")
     if kind not in INIT_KINDS or kind == "scratch" or not checkpoint:
         raise ValueError(f"--init_from={spec!r} must be KIND:PATH with KIND one of toolbox, params, gemma, hf.")
+    if "init" not in config:
+        from hackable_diffusion import recipes
+
+        with config.unlocked():
+            config.init = recipes.init_section()
     config.init.kind, config.init.checkpoint = kind, checkpoint
+
+
+def init_kind(config: ml_collections.ConfigDict) -> str:
+    """`config.init.kind`, "scratch" for a config without an init section."""
+    return str(config.get("init", {}).get("kind", "scratch") or "scratch")
+
+
+def allow_patterns(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The globs of `config.init.allow_new` (a comma-separated string, or a sequence of globs)."""
+    from hackable_diffusion import recipes
+
+    value = config.get("init", {}).get("allow_new", recipes.ALLOW_NEW)
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    return tuple(p.strip() for p in items if p and p.strip())
+
+
+def check_init(config: ml_collections.ConfigDict) -> None:
+    """The checks of `config.init` that read no weights (run before a command writes anything): a known kind, and a
+    checkpoint path that exists for the kinds that read one."""
+    kind = init_kind(config)
+    if kind not in INIT_KINDS:
+        raise ValueError(f"config.init.kind={kind!r} must be one of {INIT_KINDS}.")
+    if kind == "scratch":
+        return
+    checkpoint = config.init.get("checkpoint", "")
+    if not checkpoint:
+        raise ValueError(
+            f"config.init.kind={kind!r} needs config.init.checkpoint (or --init_from {kind}:PATH); set "
+            "config.init.kind=scratch to train from random init."
+        )
+    if not pathlib.Path(checkpoint).exists():
+        raise ValueError(f"config.init.checkpoint={checkpoint!r} does not exist (config.init.kind={kind!r}).")
 
 
 def load_base(config: ml_collections.ConfigDict) -> Base:
@@ -104,7 +170,8 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
             params, step = load_toolbox_params(source, weights=init.weights)
             where = f"toolbox:{source}@{step}"
         gemma_ckpt.check_toolbox_params(params, cfg, f"The params of {where}")
-        return Base(T.Transformer(cfg), tokenizer, params, where, source_config)
+        saved_tokenizer = tokenizer_dir if (tokenizer_dir / tok_lib.CONFIG_FILE).is_file() else None
+        return Base(T.Transformer(cfg), tokenizer, params, where, source_config, saved_tokenizer)
     if init.kind == "hf":
         return _load_hf_base(config)
     own_vocabulary = config.data.get("task", "text") != "text"  # e.g. Sudoku: the task builds its vocabulary
@@ -126,7 +193,8 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
         params = gemma_ckpt.load_gemma_checkpoint(
             init.checkpoint, cfg, dtype=cfg.param_dtype, ignore_unexpected=bool(init.get("ignore_unexpected", False))
         )
-        return Base(model, tokenizer, params, f"gemma:{init.checkpoint}")
+        saved_tokenizer = pathlib.Path(init.tokenizer_dir) if init.get("tokenizer_dir") else None
+        return Base(model, tokenizer, params, f"gemma:{init.checkpoint}", tokenizer_dir=saved_tokenizer)
     params = jax.device_get(T.init_params(model, jax.random.key(config.seed)))
     return Base(model, tokenizer, params, "scratch")
 
@@ -154,3 +222,265 @@ def _load_hf_base(config: ml_collections.ConfigDict) -> Base:
             f"{checkpoint.config.vocab_size}."
         )
     return Base(T.Transformer(checkpoint.config), tokenizer, checkpoint.params, f"hf:{init.checkpoint}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The source weights in the new model: strict matching and its report.
+
+
+class InitMismatchError(ValueError):
+    """The source weights do not fit the new model: a shape differs, or a new parameter is not allowed."""
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in np.shape(x))
+
+
+def _size(shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class InitReport:
+    """What a run took from its starting weights: every parameter of the new model is `loaded` (path, shape) or
+    `new` (path, shape, the `init.allow_new` glob that allowed it); `unused` lists the source's parameters the new
+    model has no place for; `cast` the loaded arrays whose dtype changed (path, source dtype, new dtype)."""
+
+    source: str
+    loaded: tuple[tuple[str, tuple[int, ...]], ...]
+    new: tuple[tuple[str, tuple[int, ...], str], ...]
+    unused: tuple[tuple[str, tuple[int, ...]], ...]
+    cast: tuple[tuple[str, str, str], ...] = ()
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        """{"loaded" | "new" | "unused": {"arrays": n, "values": parameter count}}."""
+        groups = {"loaded": self.loaded, "new": self.new, "unused": self.unused}
+        return {
+            name: {"arrays": len(rows), "values": sum(_size(row[1]) for row in rows)} for name, rows in groups.items()
+        }
+
+    def table(self, max_listed: int = 8) -> str:
+        """The report as printed at the start of a run: counts and parameter totals, then the new and unused paths."""
+        totals = self.totals()
+        meaning = {
+            "loaded": "from the source",
+            "new": "random init (init.allow_new)",
+            "unused": "in the source, not in this model",
+        }
+        lines = [f"Starting weights: {self.source}", f"  {'':8}{'arrays':>8}{'parameters':>14}"]
+        for name, total in totals.items():
+            lines.append(f"  {name:8}{total['arrays']:>8,}{total['values']:>14,}  {meaning[name]}")
+
+        def listed(title, rows):
+            shown = [f"{row[0]} {row[1]}" + (f" [{row[2]}]" if len(row) > 2 else "") for row in rows[:max_listed]]
+            more = f", ... ({len(rows) - max_listed} more in {REPORT_FILE})" if len(rows) > max_listed else ""
+            return f"  {title}: " + ", ".join(shown) + more
+
+        if self.new:
+            lines.append(listed("new", self.new))
+        if self.unused:
+            lines.append(listed("unused", self.unused))
+        if self.cast:
+            kinds = sorted({f"{a} -> {b}" for _, a, b in self.cast})
+            lines.append(f"  cast: {len(self.cast)} loaded arrays ({', '.join(kinds)})")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "totals": self.totals(),
+            "loaded": [{"path": p, "shape": list(s)} for p, s in self.loaded],
+            "new": [{"path": p, "shape": list(s), "allowed_by": g} for p, s, g in self.new],
+            "unused": [{"path": p, "shape": list(s)} for p, s in self.unused],
+            "cast": [{"path": p, "from": a, "to": b} for p, a, b in self.cast],
+        }
+
+    def save(self, directory: str | pathlib.Path) -> pathlib.Path:
+        """Writes `directory/init_report.json`; returns its path."""
+        path = pathlib.Path(directory) / REPORT_FILE
+        report = self.to_dict()
+        lines = [f'  "{k}": {json.dumps(report[k])},' for k in ("source", "totals")]
+        for key in ("loaded", "new", "unused", "cast"):  # one parameter a line
+            rows = [f"    {json.dumps(row)}" for row in report[key]]
+            lines.append(f'  "{key}": [' + ("\n" + ",\n".join(rows) + "\n  " if rows else "") + "],")
+        path.write_text("{\n" + "\n".join(lines).rstrip(",") + "\n}\n")
+        return path
+
+
+def match_params(
+    source_params: PyTree, shapes: PyTree, *, allow_new: Sequence[str], source: str
+) -> tuple[dict[str, np.ndarray], InitReport]:
+    """The source's arrays for every parameter of the new model (`shapes`: its tree of `jax.ShapeDtypeStruct`, e.g.
+    `jax.eval_shape` of its init), as {path: host array in the new model's dtype}, and the report.
+
+    Strict: a parameter of both whose shapes differ raises InitMismatchError naming every such path with both shapes;
+    a parameter of the new model the source lacks is new, allowed only when a glob of `allow_new` matches its
+    '/'-joined path (`fnmatch`: `*` crosses '/'), else InitMismatchError saying how to allow it. Source parameters the
+    new model lacks are reported as unused."""
+    flat_source, flat_new = flatten_tree(source_params), flatten_tree(shapes)
+    mismatched = [
+        (p, _shape(flat_source[p]), _shape(s))
+        for p, s in flat_new.items()
+        if p in flat_source and _shape(flat_source[p]) != _shape(s)
+    ]
+    if mismatched:
+        shown = "; ".join(f"{p!r}: {a} in the source, {b} in this model" for p, a, b in mismatched[:5])
+        more = f" (and {len(mismatched) - 5} more)" if len(mismatched) > 5 else ""
+        raise InitMismatchError(
+            f"config.init: {len(mismatched)} parameter(s) of the source {source} do not fit this model: {shown}{more}. "
+            "The new model is config.model (with the source's vocabulary); give it the source's shape (a toolbox "
+            "run's config.json lists it under 'model'), or start from scratch with config.init.kind=scratch."
+        )
+    loaded, arrays, new, missing, cast = [], {}, [], [], []
+    for path, struct in flat_new.items():
+        if path in flat_source:
+            array = np.asarray(jax.device_get(flat_source[path]))
+            if array.dtype != np.dtype(struct.dtype):
+                cast.append((path, str(array.dtype), str(np.dtype(struct.dtype))))
+                array = array.astype(struct.dtype)
+            arrays[path] = array
+            loaded.append((path, _shape(struct)))
+            continue
+        glob = next((g for g in allow_new if fnmatch.fnmatchcase(path, g)), None)
+        (new if glob is not None else missing).append((path, _shape(struct), glob))
+    if missing:
+        shown = ", ".join(f"{p!r} {s}" for p, s, _ in missing[:5])
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        suggested = ",".join(dict.fromkeys([*allow_new, *(p.split("/")[0] + "/*" for p, _, _ in missing)]))
+        raise InitMismatchError(
+            f"config.init: {len(missing)} parameter(s) of this model are not in the source {source}: {shown}{more}. "
+            "A run that starts from weights loads every parameter unless it is allowed to start from random init: "
+            f"--config.init.allow_new='{suggested}' (comma-separated globs on parameter paths; now "
+            f"{','.join(allow_new) or 'empty'}), or make config.model match the source."
+        )
+    unused = [(p, _shape(a)) for p, a in flat_source.items() if p not in flat_new]
+    report = InitReport(source, tuple(loaded), tuple((p, s, g) for p, s, g in new), tuple(unused), tuple(cast))
+    return arrays, report
+
+
+def start_init_fn(model: T.Transformer, loaded: Mapping[str, np.ndarray]) -> Callable[[jax.Array], PyTree]:
+    """`init_fn(key) -> params` for `training.loop.train`: the loaded arrays where the source had them, the model's
+    own random init (the same as a run from scratch with this key) for the new parameters."""
+    import jax.numpy as jnp
+
+    def init_fn(key: jax.Array) -> PyTree:
+        flat = flatten_tree(T.init_params(model, key))
+        flat.update({p: jnp.asarray(a) for p, a in loaded.items()})
+        return unflatten_tree(flat)
+
+    return init_fn
+
+
+def param_shapes(model: T.Transformer) -> PyTree:
+    """The model's parameter tree as `jax.ShapeDtypeStruct`s (nothing is initialised)."""
+    return jax.eval_shape(lambda key: T.init_params(model, key), jax.random.key(0))
+
+
+def has_checkpoints(workdir: str | pathlib.Path) -> bool:
+    """Whether `workdir/checkpoints` holds a finished step (a step folder: orbax names them by the step alone), so
+    that the run resumes from it and `config.init` is not applied again."""
+    checkpoints = pathlib.Path(workdir) / "checkpoints"
+    return checkpoints.is_dir() and any(p.name.isdigit() and p.is_dir() for p in checkpoints.iterdir())
+
+
+def report_start(
+    base: Base, model: T.Transformer, config: ml_collections.ConfigDict, workdir: str | pathlib.Path | None
+) -> tuple[dict[str, np.ndarray], InitReport]:
+    """`match_params` of `base` onto `model` with the config's `init.allow_new`; prints the table and, with a
+    `workdir`, saves `init_report.json` there (process 0). Returns the loaded arrays and the report."""
+    allow_new = allow_patterns(config)
+    loaded, report = match_params(base.params, param_shapes(model), allow_new=allow_new, source=base.source)
+    if jax.process_index() == 0:
+        print(report.table(), flush=True)
+        if workdir is not None:
+            report.save(workdir)
+    return loaded, report
+
+
+def _data_keys(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    d = config.data
+    keys = {"task": d.get("task", "text")}
+    if keys["task"] == "text":
+        keys.update(corpus=d.get("corpus"), tokenizer=d.get("tokenizer"), vocab_size=d.get("vocab_size", 0) or 0)
+    return keys
+
+
+def resolve_train_config(config: ml_collections.ConfigDict, base: Base) -> ml_collections.ConfigDict:
+    """The config of a `train` run that starts from `base`: this config's model shape and recipe, with the source's
+    vocabulary (`model.vocab_size`: the rows of its embedding, indexed by its tokenizer). The task, and for text the
+    corpus and tokenizer settings the source's saved tokenizer was made with, must be the source run's."""
+    if base.source_config is not None:
+        source, this = _data_keys(base.source_config), _data_keys(config)
+        keys = ("task",) if base.tokenizer_dir is None else tuple(source)
+        differing = [k for k in keys if k in this and source.get(k) != this.get(k)]
+        if differing:
+            shown = ", ".join(f"config.data.{k}={this[k]!r} (the source: {source[k]!r})" for k in differing)
+            fix = " ".join(f"--config.data.{k}={source[k]}" for k in differing)
+            raise ValueError(
+                f"config.init: the source {base.source} was trained on other data: {shown}. Its embedding rows are "
+                f"the ids of its own tokenizer; train on the same data settings ({fix})."
+            )
+    if isinstance(base.tokenizer, tok_lib.PretrainedTokenizer) and config.data.get("tokenizer") != "pretrained":
+        raise ValueError(
+            f"config.init: the source {base.source} brings its own tokenizer; set --config.data.tokenizer=pretrained "
+            "so that the run tokenizes with it."
+        )
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.model.vocab_size = int(base.model.cfg.vocab_size)
+    return config
+
+
+def resumed_train_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> ml_collections.ConfigDict:
+    """The config of a `train` run that resumes from its checkpoints: `config.init` applies to a fresh run only, so a
+    resumed run keeps the init section its config.json saved (scratch when it saved none) and, when that started
+    from weights, the vocabulary it was given then; the source is not read again."""
+    path = pathlib.Path(workdir) / "config.json"
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    saved_init = saved.get("init") or {"kind": "scratch"}
+    if init_kind(config) == "scratch" and saved_init.get("kind", "scratch") == "scratch":
+        return config  # a run from scratch, then and now
+    from hackable_diffusion import recipes
+
+    section = recipes.init_section()
+    section.update({k: v for k, v in saved_init.items() if k in section})
+    config = config.copy_and_resolve_references()
+    if jax.process_index() == 0:
+        given = f"{init_kind(config)}:{config.get('init', {}).get('checkpoint', '')}".rstrip(":")
+        kept = f"{section.kind}:{section.checkpoint}".rstrip(":")
+        print(
+            f"{pathlib.Path(workdir) / 'checkpoints'} holds checkpoints: resuming from them. config.init applies to a "
+            f"fresh run only; this run keeps the init it started with ({kept}; given now: {given}).",
+            flush=True,
+        )
+    with config.unlocked():
+        config.init = section
+        vocab = saved.get("model", {}).get("vocab_size")
+        if section.kind != "scratch" and vocab:
+            config.model.vocab_size = int(vocab)
+    return config
+
+
+def install_tokenizer(base: Base, workdir: str | pathlib.Path) -> None:
+    """Puts the source's tokenizer in `workdir/tokenizer` (process 0), so that the run's token ids are the ones its
+    weights were trained on: a copy of the folder it was read from, or a checkpoint's own tokenizer saved as kind
+    "pretrained". A workdir that already holds another tokenizer is an error."""
+    if jax.process_index() != 0:
+        return
+    target = pathlib.Path(workdir) / "tokenizer"
+    if base.tokenizer_dir is not None and base.tokenizer_dir.resolve() != target.resolve():
+        if not (target / tok_lib.CONFIG_FILE).is_file():
+            shutil.copytree(base.tokenizer_dir, target, dirs_exist_ok=True)
+            return
+        differ = [
+            f.name
+            for f in base.tokenizer_dir.iterdir()
+            if f.is_file() and (not (target / f.name).is_file() or (target / f.name).read_bytes() != f.read_bytes())
+        ]
+        if differ:
+            raise ValueError(
+                f"{target} holds another tokenizer than the source's {base.tokenizer_dir} ({', '.join(differ)} "
+                "differ); start the run in a new workdir or remove that tokenizer folder."
+            )
+    elif isinstance(base.tokenizer, tok_lib.PretrainedTokenizer) and not (target / tok_lib.CONFIG_FILE).is_file():
+        base.tokenizer.save(target, metadata={"kind": "pretrained"})

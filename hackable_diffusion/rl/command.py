@@ -192,6 +192,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
         if base.tokenizer is not None and not (path / "tokenizer" / tok_lib.CONFIG_FILE).is_file():
             base.tokenizer.save(path / "tokenizer", metadata={"source": base.source})
     exp = exp_lib.build(config, workdir)
+    if base.source != "scratch" and not base_weights.has_checkpoints(path):  # the init table and init_report.json
+        base_weights.report_start(base, exp.model, config, path)
     check_rl_config(config, autoregressive=exp.is_autoregressive)
     for hook in ("rl_prompts", "rollout", "reward", "policy_rows"):
         if not hasattr(exp.task, hook):
@@ -278,9 +280,7 @@ def define_flags(argv: list[str]):
     from absl import flags
 
     argv = cli.define_config_file_flag(argv, "RL config file (configs/rl_*.py); override keys: --config.a.b=value.")
-    flags.DEFINE_string(
-        "init_from", None, "The starting weights, KIND:PATH (toolbox, params, gemma, hf); sets config.init."
-    )
+    base_weights.define_init_from_flag()
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, config.json (rerunning resumes).")
     return argv
 

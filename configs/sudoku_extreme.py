@@ -10,12 +10,19 @@ symmetry) plus the cached hard set of `experiments/sudoku_hard_sets.py` (20,000 
 least 10 guesses of the plain depth-first rule), of which only those with at most 99 guesses are kept: the model
 trains on the bands 0-99 and is tested on the held-out set's >= 100 (results/sudoku, "Difficulty and hard puzzles").
 The same looped 4.54M-parameter model and optimiser, 1,600 steps.
+
+`configs/sudoku_extreme.py:finetune` starts instead from the configs/sudoku_hard.py run (`init.checkpoint`, default
+runs/sudoku_hard; its EMA weights) and trains 600 steps on the same data at a lower peak learning rate (5e-4):
+
+  python -m hackable_diffusion.train --config configs/sudoku_extreme.py:finetune --workdir runs/sudoku_extreme_ft
 """
 
 from hackable_diffusion.tasks.sudoku import recipes
 
 
-def get_config():
+def get_config(variant: str = ""):
+    if variant not in ("", "finetune"):
+        raise ValueError(f"configs/sudoku_extreme.py takes no argument or 'finetune', got {variant!r}.")
     c = recipes.sudoku_in_place_config(steps=1600, depth_loops=2)
     c.data.num_train = 20_000
     c.data.givens_min, c.data.givens_max = 22, 40
@@ -23,4 +30,8 @@ def get_config():
     c.data.hard_count = 20_000
     c.data.hard_givens_min, c.data.hard_givens_max = 22, 36
     c.data.hard_min_guesses, c.data.hard_max_guesses = 10, 99
+    if variant == "finetune":
+        c.init.kind, c.init.checkpoint = "toolbox", "runs/sudoku_hard"
+        c.train.num_steps = 600
+        c.optimizer.peak_lr, c.optimizer.warmup_steps = 5e-4, 50
     return c

@@ -15,6 +15,7 @@ from typing import Any
 import ml_collections
 
 from hackable_diffusion.data.tokenizers import MASK_ID, NEVER_GENERATED
+from hackable_diffusion.diffusion import adaptation as adaptation_lib
 from hackable_diffusion.diffusion import objectives as obj_lib
 from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import make_schedule, make_time_sampler
@@ -73,6 +74,12 @@ def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, pro
     d = config.diffusion
     if d.objective not in OBJECTIVES:
         raise ValueError(f"config.diffusion.objective={d.objective!r} must be one of {OBJECTIVES}.")
+    adaptation = build_adaptation(config)
+    if adaptation is not None and (d.objective != "pretrain" or process is None):
+        raise ValueError(
+            "config.adaptation schedules a diffusion pretraining run (diffusion.objective='pretrain' with a noise "
+            f"process); this config has objective={d.objective!r}, process={d.process!r}. Remove config.adaptation."
+        )
     if d.objective == "ar" or process is None:
         return obj_lib.AutoregressiveObjective(model)
     common = dict(
@@ -83,8 +90,28 @@ def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, pro
         null_signal=d.null_signal,
     )
     if d.objective == "pretrain":
-        return obj_lib.DiffusionPretrainObjective(model, process, canvas_len=d.canvas_len or None, **common)
+        return obj_lib.DiffusionPretrainObjective(
+            model, process, canvas_len=d.canvas_len or None, adaptation=adaptation, **common
+        )
     return obj_lib.CanvasSFTObjective(model, process, canvas_len=d.canvas_len, **common)
+
+
+def build_adaptation(config: ml_collections.ConfigDict) -> adaptation_lib.Adaptation | None:
+    """The schedules of `config.adaptation` (`recipes.adaptation_section`), None when the section is absent (every
+    config without it, and runs saved before it existed) or every schedule is off."""
+    section = config.get("adaptation")
+    if section is None:
+        return None
+    adaptation = adaptation_lib.from_section(section.to_dict())
+    if adaptation.canvas is not None:
+        seq_len = int(config.data.seq_len)
+        bad = [s for s in adaptation.canvas.sizes if seq_len % s]
+        if bad:
+            raise ValueError(
+                f"config.adaptation.canvas_sizes {bad} do not divide config.data.seq_len={seq_len}: every canvas size "
+                "must tile the training sequence."
+            )
+    return adaptation if adaptation.active else None
 
 
 def _interval(d: ml_collections.ConfigDict) -> dict[str, float]:

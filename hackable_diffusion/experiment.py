@@ -46,6 +46,11 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     model = builders.build_model(config, vocab_size)
     process = builders.build_process(config, vocab_size)
     objective = task.adapt_objective(config, model, builders.build_objective(config, model, process))
+    if builders.build_adaptation(config) is not None and not getattr(objective, "uses_step", False):
+        raise ValueError(
+            f"config.adaptation: the {config.data.task!r} task replaces the objective with one that does not take "
+            "the training step; remove config.adaptation for this task."
+        )
     return Experiment(
         config=config, model=model, process=process, objective=objective, tokenizer=data.tokenizer, data=data, task=task
     )

@@ -92,6 +92,28 @@ def init_section(kind: str = "scratch", checkpoint: str = "") -> ml_collections.
     )
 
 
+def adaptation_section(
+    *,
+    canvas_sizes: tuple[int, ...] = (),
+    canvas_boundaries: tuple[int, ...] = (),
+    mask_anneal_steps: tuple[int, ...] = (),
+    ar_loss_weights: tuple[float, ...] = (),
+    ar_loss_steps: tuple[int, ...] = (),
+) -> ml_collections.ConfigDict:
+    """`config.adaptation`: schedules over the training step for a diffusion run that starts from an autoregressive
+    one (`diffusion.adaptation`, docs/training.md "Adapting an AR model"); () turns a schedule off. Configs without
+    the section (every config but the `*_from_ar` ones, and runs saved before it existed) train without schedules."""
+    return ml_collections.ConfigDict(
+        dict(
+            canvas_sizes=tuple(canvas_sizes),  # CanvasCurriculum (LLaDA 2.0): sizes, the last = diffusion.canvas_len
+            canvas_boundaries=tuple(canvas_boundaries),  # the step at which each next size starts
+            mask_anneal_steps=tuple(mask_anneal_steps),  # MaskAnnealing (DiffuLLaMA): (begin, end) steps
+            ar_loss_weights=tuple(ar_loss_weights),  # ArLossDecay: (start, end) weight of the encoder AR loss
+            ar_loss_steps=tuple(ar_loss_steps),  # ArLossDecay: (begin, end) steps
+        )
+    )
+
+
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
@@ -233,6 +255,35 @@ def text_experiment(corpus: str, process: str, *, moe: bool = False) -> ml_colle
     c.train.eval_every = 200
     c.train.checkpoint_every = 200
     c.sampler.num_steps = 64
+    return c
+
+
+def adaptation_experiment(corpus: str, process: str, *, fraction: float = 0.25) -> ml_collections.ConfigDict:
+    """A `text_experiment` diffusion run started from the matching autoregressive run (`runs/{corpus}_ar`, trained by
+    configs/{corpus}_ar.py) for `fraction` of its steps, so AR + adaptation cost about (1 + fraction) AR runs, with
+    the schedules of `adaptation_section` on (docs/training.md "Adapting an AR model"). Over the first quarter the
+    decoder's attention anneals from causal to block-bidirectional (DiffuLLaMA) while the canvas grows 4 -> 16
+    (LLaDA 2.0's warm-up); the whole sequence is one canvas (MDLM) until 5/8 of the run (stable), then the canvas
+    decays to the target 64 (decay); the encoder's AR loss decays over the first 3/4 (masking: 1 -> 0; uniform, whose
+    DiffusionGemma recipe keeps an AR loss of weight 1: 2 -> 1)."""
+    c = text_experiment(corpus, process, moe=False)
+    ar_steps = int(c.train.num_steps)
+    steps = max(8, int(round(ar_steps * fraction)))
+    c.init = init_section("toolbox", f"runs/{corpus}_ar")
+    c.train.num_steps = steps
+    c.train.eval_every = c.train.checkpoint_every = steps // 2
+    c.optimizer.peak_lr, c.optimizer.end_lr, c.optimizer.warmup_steps = 1e-3, 1e-4, steps // 10
+    q = steps // 8
+    target, seq_len = int(c.diffusion.canvas_len), int(c.data.seq_len)
+    weights = (2.0, 1.0) if c.diffusion.encoder_ar_weight else (1.0, 0.0)
+    c.diffusion.encoder_ar_weight = 0.0  # the AR-loss schedule replaces it
+    c.adaptation = adaptation_section(
+        canvas_sizes=(4, 16, seq_len, target),
+        canvas_boundaries=(q, 2 * q, 5 * q),
+        mask_anneal_steps=(0, 2 * q),
+        ar_loss_weights=weights,
+        ar_loss_steps=(0, 6 * q),
+    )
     return c
 
 

@@ -24,6 +24,11 @@ Self-conditioning (`self_condition_prob` > 0, model built with `self_conditionin
 pass with the null signal, then a second pass whose signal is the first pass's (stop-gradient, raw) logits with
 probability `self_condition_prob` per example and the null signal otherwise; the loss uses the second pass.
 The network never receives t, as in DiffusionGemma.
+
+Adapting an AR model (`adaptation`, `diffusion.adaptation`): `DiffusionPretrainObjective(adaptation=...)` takes the
+training step (`uses_step`; `train_state.make_train_step` passes it) and applies a canvas-size curriculum, decoder
+mask annealing and a scheduled encoder AR-loss weight; without a step (evaluation, the ELBO) it is the target
+objective. The schedule values are logged as `adapt_*` metrics.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from hackable_diffusion.diffusion import elbos
+from hackable_diffusion.diffusion.adaptation import Adaptation, MaskAnnealing
 from hackable_diffusion.diffusion.processes import NoiseProcess
 from hackable_diffusion.diffusion.schedules import UniformTimeSampler
 from hackable_diffusion.diffusion.training_losses import ArCE, CanvasCE, DiffusionLoss, Elbo
@@ -44,6 +50,7 @@ from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 
 Metrics = dict[str, Array]
+_ANNEAL_STREAM = 0x616E6E  # fold_in tag of the mask-annealing draws
 
 
 def _decoder_with_self_conditioning(
@@ -79,6 +86,7 @@ class DiffusionPretrainObjective:
     encoder_ar_weight: float = 0.0  # DiffusionGemma adds the encoder's next-token loss with weight 1
     self_condition_prob: float = 0.0
     null_signal: str = "zeros"
+    adaptation: Adaptation | None = None  # schedules over the training step (adapting an AR model)
 
     def __post_init__(self):
         self.loss.check(self.process)
@@ -86,11 +94,52 @@ class DiffusionPretrainObjective:
             raise ValueError(
                 "encoder_ar_weight needs block diffusion (canvas_len): one-canvas training has no encoder."
             )
+        a = self.adaptation
+        if a is None:
+            return
+        if (a.canvas is not None or a.ar_loss is not None) and self.canvas_len is None:
+            raise ValueError(
+                "the canvas curriculum and the AR-loss schedule need block diffusion (diffusion.canvas_len > 0)."
+            )
+        if a.canvas is not None and a.canvas.target != self.canvas_len:
+            raise ValueError(
+                f"the canvas curriculum must end at the target canvas: its last size is {a.canvas.target}, "
+                f"diffusion.canvas_len is {self.canvas_len}."
+            )
+        if a.ar_loss is not None and self.encoder_ar_weight:
+            raise ValueError(
+                f"the AR-loss schedule replaces diffusion.encoder_ar_weight={self.encoder_ar_weight}; set it to 0."
+            )
 
-    def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
+    @property
+    def uses_step(self) -> bool:
+        """Whether the loss depends on the training step (`make_train_step` then passes `step=`)."""
+        return self.adaptation is not None and self.adaptation.active
+
+    def __call__(
+        self, params, batch: dict[str, Array], rng: jax.Array, step: Int[Array, ""] | None = None
+    ) -> tuple[Float[Array, ""], Metrics]:
         """batch: tokens (b, l); optional weights (b, l) (0 = padding: not attended, not in the loss) and fixed
-        (b, l) bool (given context such as puzzle givens: attended, never corrupted, not in the loss)."""
-        terms = self._terms(params, batch, rng)
+        (b, l) bool (given context such as puzzle givens: attended, never corrupted, not in the loss). `step`: the
+        training step the adaptation schedules read (None: their end, the target objective)."""
+        if not self.uses_step:
+            return self._reduce(self._terms(params, batch, rng), self.encoder_ar_weight)
+        a = self.adaptation
+        values = a.values(step)
+        mask_fraction = values.get("adapt_mask_fraction")
+        ar_weight = values.get("adapt_ar_weight", self.encoder_ar_weight)
+        if a.canvas is None or step is None:
+            loss, metrics = self._reduce(self._terms(params, batch, rng, mask_fraction), ar_weight)
+            return loss, dict(metrics, **values)
+
+        def branch(size):
+            objective = dataclasses.replace(self, canvas_len=size, adaptation=None)
+            return lambda: objective._reduce(objective._terms(params, batch, rng, mask_fraction), ar_weight)
+
+        loss, metrics = jax.lax.switch(a.canvas.branch(step), [branch(s) for s in a.canvas.distinct_sizes])
+        return loss, dict(metrics, **values)
+
+    def _reduce(self, terms: dict[str, Array], ar_weight) -> tuple[Float[Array, ""], Metrics]:
         train, elbo, scored, aux = terms["train"], terms["elbo"], terms["scored"], terms["aux"]
         diffusion = jnp.mean(train)
         metrics = {
@@ -99,7 +148,7 @@ class DiffusionPretrainObjective:
         }
         loss = diffusion + aux_loss(aux)
         if "encoder_ar" in terms:
-            loss = loss + self.encoder_ar_weight * jnp.mean(terms["encoder_ar"])
+            loss = loss + ar_weight * jnp.mean(terms["encoder_ar"])
             metrics["encoder_ar_loss"] = jnp.mean(terms["encoder_ar"])
         return loss, dict(metrics, loss=loss, **moe_metrics(aux))
 
@@ -113,7 +162,7 @@ class DiffusionPretrainObjective:
         b = batch["tokens"].shape[0]
         return terms["elbo"].reshape(b, -1).sum(-1), terms["scored"].reshape(b, -1).sum(-1)
 
-    def _terms(self, params, batch: dict[str, Array], rng: jax.Array) -> dict[str, Array]:
+    def _terms(self, params, batch: dict[str, Array], rng: jax.Array, mask_fraction=None) -> dict[str, Array]:
         x0: Int[Array, "b l"] = batch["tokens"]
         b, l = x0.shape
         t_key, noise_key, sc_key = jax.random.split(rng, 3)
@@ -123,18 +172,22 @@ class DiffusionPretrainObjective:
         if fixed is not None and fixed.shape != (b, l):
             raise ValueError(f'batch["fixed"] must have the shape of batch["tokens"] {(b, l)}, got {fixed.shape}.')
         fixed = jnp.zeros((b, l), bool) if fixed is None else fixed.astype(bool)
+        # Mask annealing draws from its own key, so the keys above (and the plain objective) are unchanged.
+        anneal = None if mask_fraction is None else (mask_fraction, jax.random.fold_in(rng, _ANNEAL_STREAM))
         if self.canvas_len is None:
-            return self._one_canvas(params, x0, token_mask, fixed, t_key, noise_key, sc_key)
-        return self._blocks(params, x0, token_mask, fixed, t_key, noise_key, sc_key)
+            return self._one_canvas(params, x0, token_mask, fixed, t_key, noise_key, sc_key, anneal)
+        return self._blocks(params, x0, token_mask, fixed, t_key, noise_key, sc_key, anneal)
 
-    def _one_canvas(self, params, x0, token_mask, fixed, t_key, noise_key, sc_key):
+    def _one_canvas(self, params, x0, token_mask, fixed, t_key, noise_key, sc_key, anneal=None):
         b, l = x0.shape
         t = self.time_sampler(t_key, b)
         loss_mask = token_mask & ~fixed
         xt, _ = self.process.corrupt(noise_key, x0, t, fixed=~loss_mask)
 
+        mask = None if anneal is None else MaskAnnealing.mask(T.bidirectional_mask(token_mask), *anneal)
+
         def run(signal):
-            return T.forward(self.model, params, xt, token_mask=token_mask, causal=False, sc_signal=signal)
+            return T.forward(self.model, params, xt, token_mask=token_mask, causal=False, mask=mask, sc_signal=signal)
 
         logits, aux = _decoder_with_self_conditioning(
             self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
@@ -142,7 +195,7 @@ class DiffusionPretrainObjective:
         train, elbo = _diffusion_loss(self.loss, self.process, logits, x0, xt, t, loss_mask)
         return dict(train=train, elbo=elbo, scored=jnp.sum(loss_mask, axis=-1), aux=aux)
 
-    def _blocks(self, params, x0, token_mask, fixed, t_key, noise_key, sc_key):
+    def _blocks(self, params, x0, token_mask, fixed, t_key, noise_key, sc_key, anneal=None):
         b, l = x0.shape
         c = self.canvas_len
         if l % c:
@@ -161,6 +214,8 @@ class DiffusionPretrainObjective:
         canvas_of = jnp.arange(l) // c
         prefix_mask = (canvas_of[None, :, None] > canvas_of[None, None, :]) & cache.valid[:, None, :]  # clean < k
         self_mask = (canvas_of[:, None] == canvas_of[None, :])[None] & token_mask[:, None, :]
+        if anneal is not None:  # key j after query i is in the same canvas exactly where the diffusion mask allows it
+            self_mask = MaskAnnealing.mask(jnp.broadcast_to(self_mask, (b, l, l)), *anneal)
         positions = T.positions_from_mask(token_mask)
 
         def run(signal):

@@ -13,6 +13,9 @@ Deliberate differences:
   * Gradient accumulation splits the batch's leading axis strided (micro-batch i takes rows i, i+A, i+2A, ...), so
     every micro-batch keeps the batch's (data, fsdp) sharding instead of living on a subset of devices.
   * EMA uses a constant decay (no warmup correction): ema <- decay * ema + (1 - decay) * params.
+  * A loss whose `uses_step` attribute is True (an objective with adaptation schedules, `diffusion.adaptation`) is
+    called as `loss_fn(params, batch, key, step=state.step)`: the step is a traced scalar, so one compiled step
+    serves every step.
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ def make_train_step(
 
     Args:
       loss_fn: `loss_fn(params, batch, key) -> (scalar loss, dict of scalar metrics)`; the loss must be a mean over
-        examples so that averaging micro-batch gradients equals the full-batch gradient.
+        examples so that averaging micro-batch gradients equals the full-batch gradient. With `loss_fn.uses_step`
+        True it also gets `step=` (the step being taken).
       optimizer: the optax transformation (from `optimizers.make_optimizer`).
       lr_schedule: reported as `metrics["lr"]` at the step being taken (optional).
       grad_accum_steps: split the batch's leading axis into this many micro-batches, scanned sequentially.
@@ -112,31 +116,36 @@ def make_train_step(
         raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}.")
     if not 0.0 <= ema_decay < 1.0:
         raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}; use 0 to disable the EMA.")
-    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+    uses_step = bool(getattr(loss_fn, "uses_step", False))
 
-    def grad_fn(params, batch, key):
-        (loss, aux), grads = value_and_grad(params, batch, key)
+    def loss_at(params, batch, key, step):
+        return loss_fn(params, batch, key, step=step) if uses_step else loss_fn(params, batch, key)
+
+    value_and_grad = jax.value_and_grad(loss_at, has_aux=True)
+
+    def grad_fn(params, batch, key, step):
+        (loss, aux), grads = value_and_grad(params, batch, key, step)
         if trainable_mask is not None:  # zeros for frozen params: their backward pass becomes dead code
             mask = trainable_mask(params) if callable(trainable_mask) else trainable_mask
             grads = jax.tree.map(lambda g, m: g if m else jnp.zeros_like(g), grads, mask)
         return (loss, aux), grads
 
-    def loss_and_grads(params, batch, key):
+    def loss_and_grads(params, batch, key, step):
         if grad_accum_steps == 1:
-            (loss, aux), grads = grad_fn(params, batch, key)
+            (loss, aux), grads = grad_fn(params, batch, key, step)
             return loss, dict(aux), grads
         micro = _split_micro_batches(batch, grad_accum_steps)
 
         def body(carry, xs):
             index, micro_batch = xs
-            (loss, aux), grads = grad_fn(params, micro_batch, jax.random.fold_in(key, index))
+            (loss, aux), grads = grad_fn(params, micro_batch, jax.random.fold_in(key, index), step)
             grad_sum, loss_sum, aux_sum = carry
             grad_sum = jax.tree.map(lambda s, g: s + g.astype(s.dtype), grad_sum, grads)
             aux_sum = jax.tree.map(lambda s, a: s + a, aux_sum, dict(aux))
             return (grad_sum, loss_sum + loss, aux_sum), None
 
         first_micro = jax.tree.map(lambda x: x[0], micro)
-        aux_shape = jax.eval_shape(lambda p, b: loss_fn(p, b, key)[1], params, first_micro)
+        aux_shape = jax.eval_shape(lambda p, b: loss_at(p, b, key, step)[1], params, first_micro)
         init = (
             jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), params),
             jnp.zeros((), jnp.float32),
@@ -152,7 +161,7 @@ def make_train_step(
         if (state.ema_params is None) != (ema_decay == 0.0):
             raise ValueError("ema_decay and state.ema_params disagree: create the state with use_ema=(ema_decay > 0).")
         key = step_key(state.rng, state.step)
-        loss, aux, grads = loss_and_grads(state.params, batch, key)
+        loss, aux, grads = loss_and_grads(state.params, batch, key, state.step)
         finite = jnp.isfinite(loss) & all_finite(grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

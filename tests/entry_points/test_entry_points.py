@@ -91,7 +91,7 @@ def test_train_resume_sample_and_evaluate(trained_text_runs, tmp_path, capsys):
 def test_every_config_file_loads_and_the_text_triples_see_the_same_tokens():
     from hackable_diffusion.models.config import TransformerConfig
 
-    seen = {}
+    seen, adapted = {}, {}
     for path in sorted((REPO / "configs").glob("*.py")):
         config = cli.load_config_file(str(path))
         TransformerConfig.from_dict(dict(config.model.to_dict(), vocab_size=config.data.get("vocab_size") or 128))
@@ -102,11 +102,18 @@ def test_every_config_file_loads_and_the_text_triples_see_the_same_tokens():
                 key = (corpus, variant)
                 shape = (config.model.to_dict(), config.data.seq_len, config.data.batch_size, config.train.num_steps)
                 shape[0].pop("self_conditioning", None)  # the uniform recipe's self-conditioner is its only extra
+                if name.endswith("_from_ar"):  # an adaptation of the AR run: its shape, a quarter of its steps
+                    adapted[name] = (key, shape)
+                    continue
                 seen.setdefault(key, []).append((name, shape))
     assert sorted(seen) == [("ptb", "dense"), ("ptb", "moe"), ("shakespeare", "dense"), ("shakespeare", "moe")]
     for key, entries in seen.items():
         assert len(entries) == 3, entries
         assert all(shape == entries[0][1] for _, shape in entries), key
+    assert sorted(adapted) == ["ptb_masking_from_ar", "shakespeare_masking_from_ar", "shakespeare_uniform_from_ar"]
+    for name, (key, shape) in adapted.items():
+        model, seq_len, batch_size, steps = seen[key][0][1]
+        assert shape == (model, seq_len, batch_size, steps // 4), name
 
 
 def test_rerunning_a_workdir_with_a_changed_config_records_the_change(tmp_path, capsys):

@@ -1,0 +1,20 @@
+"""shakespeare / masking adapted from the autoregressive run: configs/shakespeare_masking.py's model and recipe, started
+from the weights of runs/shakespeare_ar (configs/shakespeare_ar.py) and trained for 25% of the AR run's steps (200 of
+800: AR + adaptation cost about 1.25 AR runs) with the adaptation schedules on (hackable_diffusion/recipes.py:
+adaptation_experiment): attention annealed from causal to the diffusion mask (DiffuLLaMA), LLaDA 2.0's warm-up / stable
+/ decay of the canvas size (4 -> 16 -> the whole sequence -> 64) and a decaying encoder AR loss. First the AR run, then
+the adaptation:
+
+  python -m hackable_diffusion.train --config configs/shakespeare_ar.py --workdir runs/shakespeare_ar
+  python -m hackable_diffusion.train --config configs/shakespeare_masking_from_ar.py \\
+      --workdir runs/shakespeare_masking_from_ar
+
+(`--init_from toolbox:runs/shakespeare_ar` on the second command sets the same source.) docs/training.md "Adapting an AR
+model" describes the schedules and their keys (`config.adaptation`).
+"""
+
+from hackable_diffusion import recipes
+
+
+def get_config():
+    return recipes.adaptation_experiment("shakespeare", "masking")

@@ -6,7 +6,7 @@ Routes follow OpenAI's (and vLLM's OpenAI server's) request and response shapes:
 
 Request fields: `prompt` (a string or a list of strings: one choice each) or `messages`, `max_tokens` (default 16
 for completions as OpenAI; the run's sampler length for chat), `temperature` (omitted: the run's own sampler; 0:
-near-greedy), `stop` (a string or up to 4), `seed` (default 0), `stream`, `n` (1 only). The toolbox's sampler fields
+near-greedy), `stop` (a string or up to 16), `seed` (default 0), `stream`, `n` (1 only). The toolbox's sampler fields
 go in the extra body: `steps` (denoising steps per canvas), `selection` ({"rule": ..., its arguments}),
 `first_canvas` (tokens in the first canvas), `stream_steps` (also send the canvas after every step as
 `event: step`). Fields OpenAI has but this server does not compute (`logprobs`, `echo`, `best_of` > 1, penalties
@@ -37,6 +37,7 @@ from hackable_diffusion.serve import chat, metrics
 from hackable_diffusion.serve.engine import Engine, QueueFull, Request, RequestError, SamplerSettings
 
 PAGE = pathlib.Path(__file__).with_name("page") / "index.html"
+MAX_STOPS = 16  # OpenAI allows 4; lm-eval's local-completions sends a task's stop strings plus EOS untrimmed
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error", 503: "unavailable"}
 UNSUPPORTED = {  # field: the value that means "off"
     "logprobs": (None, False, 0),
@@ -88,8 +89,8 @@ def _stops(body: dict) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > 4:
-        raise ApiError(400, "stop must be a string or a list of at most 4 strings.", "stop")
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOPS:
+        raise ApiError(400, f"stop must be a string or a list of at most {MAX_STOPS} strings.", "stop")
     return tuple(stops)
 
 
@@ -125,7 +126,7 @@ def _check_common(body: Any, engine: Engine) -> None:
     for name, off in UNSUPPORTED.items():
         if body.get(name) not in off:
             raise ApiError(400, f"{name} is not supported by this server.", name)
-    if _int(body, "n", 1, 1) != 1:
+    if (_int(body, "n", 1, 1) or 1) != 1:
         raise ApiError(400, "n > 1 is not supported; send one request per completion (they are batched).", "n")
 
 
@@ -242,11 +243,14 @@ class Api:
             return StreamingResponse(
                 self._stream(requests[0], queues[0], head, chat_kind), media_type="text/event-stream"
             )
+        waits = [asyncio.ensure_future(self._wait(http, r, q)) for r, q in zip(requests, queues)]
         try:
-            finals = await asyncio.gather(*(self._wait(http, r, q) for r, q in zip(requests, queues)))
+            finals = await asyncio.gather(*waits)
         finally:
             for r in requests:
                 r.cancel()  # no-op for finished rows; frees the rows of a client that went away
+            for w in waits:
+                w.cancel()  # the other prompts of a request that failed
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for index, final in enumerate(finals):
             prompt_tokens += final["prompt_tokens"]
@@ -267,13 +271,19 @@ class Api:
         return JSONResponse({**head, "object": kind, "choices": choices, "usage": usage})
 
     async def _wait(self, http: HttpRequest, request: Request, events: asyncio.Queue) -> dict:
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + 1.0
         while True:
             try:
                 event = await asyncio.wait_for(events.get(), timeout=1.0)
             except asyncio.TimeoutError:
+                event = None
+            if loop.time() >= next_check:  # once a second, however many events arrive
+                next_check = loop.time() + 1.0
                 if await http.is_disconnected():
                     request.cancel()
-                    raise ApiError(499, "the client closed the connection.") from None
+                    raise ApiError(499, "the client closed the connection.")
+            if event is None:
                 continue
             if event["type"] == "done":
                 return event
@@ -340,6 +350,8 @@ def build_app(
                 return await handler(http)
             except ApiError as e:
                 return error_response(e.status, e.message, e.param)
+            except Exception as e:  # noqa: BLE001 - anything unforeseen still answers in OpenAI's shape
+                return error_response(500, f"{type(e).__name__}: {e}")
 
         return endpoint
 

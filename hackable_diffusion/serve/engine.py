@@ -70,7 +70,7 @@ class SamplerSettings:
 @dataclasses.dataclass
 class Request:
     """One completion. `emit(event)` is called from the engine's threads with dicts:
-      {"type": "text", "text": delta, "tokens": n}: text that became final (a step's decided prefix, or a canvas);
+      {"type": "text", "text": delta}: text that became final (a step's decided prefix, or a canvas);
       {"type": "step", "canvas": i, "step": s, "pieces": [text, or None where masked, per position]}: every
         denoising step, when `want_steps`;
       {"type": "done", "finish_reason": "stop" | "length", "text": all of it, "completion_tokens": n,
@@ -97,7 +97,8 @@ class Request:
 class _Row:
     request: Request
     ids: list[int] = dataclasses.field(default_factory=list)
-    text: str = ""
+    text: str = ""  # the decoded completion so far (cut at a stop string)
+    sent: str = ""  # the part of it already emitted
     done: bool = False
 
 
@@ -178,6 +179,10 @@ class Engine:
         self._closing = False
         self._running = 0
         self._live: _Live | None = None
+        # Per-step streaming is an ordered host callback inside the compiled loop; a program over several devices
+        # streams per canvas instead (ordered effects are not offered there).
+        placed = {d for leaf in jax.tree.leaves(params) if hasattr(leaf, "sharding") for d in leaf.sharding.device_set}
+        self.live_steps = len(placed) <= 1
         self._worker = threading.Thread(target=self._loop, name="serve-engine", daemon=True)
         if start:
             self._worker.start()
@@ -297,7 +302,12 @@ class Engine:
     # ---- the worker ----------------------------------------------------------------------------------------------
     def _take_batch(self) -> list[Request] | None:
         with self._cond:
-            while not self._pending:
+            while True:
+                while self._pending and self._pending[0].cancelled.is_set():  # gone before it started: no prefill
+                    self._pending.popleft()
+                    self.stats.cancelled += 1
+                if self._pending:
+                    break
                 if self._closing:
                     return None
                 self._cond.wait(0.5)
@@ -306,7 +316,7 @@ class Engine:
             for r in list(self._pending):
                 if len(batch) >= self.max_batch:
                     break
-                if r.settings == first.settings:
+                if r.settings == first.settings and not r.cancelled.is_set():
                     self._pending.remove(r)
                     batch.append(r)
             self._running = len(batch)
@@ -322,7 +332,10 @@ class Engine:
                 self._run(batch)
             except Exception as e:  # noqa: BLE001 - every request of the batch gets the error, the server lives on
                 for r in batch:
-                    r.emit({"type": "error", "message": f"generation failed: {type(e).__name__}: {e}", "code": 500})
+                    try:
+                        r.emit({"type": "error", "message": f"generation failed: {type(e).__name__}: {e}", "code": 500})
+                    except Exception:  # noqa: BLE001 - a client whose event loop is gone; the worker must live on
+                        pass
             finally:
                 self.stats.busy_s += time.monotonic() - start
                 self._running = 0
@@ -338,6 +351,7 @@ class Engine:
             self.stats.timed_out += 1
             r.emit({"type": "error", "message": f"the request ran past its timeout of {r.timeout_s} s.", "code": 504})
             return
+        self._emit_text(row, final=True)  # whatever was held back
         self.stats.completed += 1
         self.stats.generated_tokens += len(row.ids)
         self.stats.latency_s.append(now - r.arrived)
@@ -351,8 +365,9 @@ class Engine:
             }
         )
 
-    def _advance(self, row: _Row, new_ids: Sequence[int], stopped: bool) -> None:
-        """Appends a canvas's tokens to a row, emits the new text, finishes the row at EOS/stop/max_tokens."""
+    def _advance(self, row: _Row, new_ids: Sequence[int]) -> None:
+        """Appends tokens that became final to a row, emits the text that is safe to send, and finishes the row at EOS
+        or a stop string ("stop") or at `max_tokens` ("length")."""
         r = row.request
         ids = [int(t) for t in new_ids if int(t) != 0]  # PAD after a stop token
         room = r.max_tokens - len(row.ids)
@@ -361,19 +376,31 @@ class Engine:
             ids = ids[: ids.index(EOS_ID)]  # the stop token is not part of the text
         ids = ids[:room]
         row.ids.extend(ids)
-        text, hit_stop = cut_at_stop(self.exp.tokenizer.decode(row.ids), r.stop)
-        delta = text[len(row.text) :] if text.startswith(row.text) else text
-        row.text = text
-        if delta or hit_eos or hit_stop:
-            if r.first_token_s is None:
-                r.first_token_s = time.monotonic() - r.arrived
-                self.stats.ttft_s.append(r.first_token_s)
-            if delta:
-                r.emit({"type": "text", "text": delta, "tokens": len(ids)})
-        if hit_eos or hit_stop or stopped:
+        row.text, hit_stop = cut_at_stop(self.exp.tokenizer.decode(row.ids), r.stop)
+        finishing = hit_eos or hit_stop or len(row.ids) >= r.max_tokens
+        self._emit_text(row, final=finishing)
+        if hit_eos or hit_stop:
             self._finish(row, "stop")
         elif len(row.ids) >= r.max_tokens:
             self._finish(row, "length")
+
+    def _emit_text(self, row: _Row, final: bool) -> None:
+        """Sends the part of the row's text not sent yet. Until the row ends, the last len(longest stop) - 1
+        characters and a trailing replacement character (a partly decoded character) are held back, so a stop string
+        split across chunks is never sent and sent text never changes (as vLLM's detokenizer does)."""
+        r = row.request
+        safe = row.text
+        if not final:
+            hold = max((len(stop) for stop in r.stop), default=1) - 1
+            safe = safe[: len(safe) - hold] if hold else safe
+            safe = safe.rstrip("\ufffd")
+        if len(safe) <= len(row.sent) or not safe.startswith(row.sent):
+            return  # nothing new, or a decode that changed text already sent (kept as sent; `done` has the final text)
+        if r.first_token_s is None:
+            r.first_token_s = time.monotonic() - r.arrived
+            self.stats.ttft_s.append(r.first_token_s)
+        r.emit({"type": "text", "text": safe[len(row.sent) :]})
+        row.sent = safe
 
     def _bucket_prompts(self, rows: list[_Row], slots: int) -> tuple[np.ndarray, np.ndarray]:
         width = max(len(row.request.prompt_ids) for row in rows)
@@ -402,6 +429,14 @@ class Engine:
         sampler = self.sampler_for(settings)
         longest = max(r.max_tokens for r in batch)
         if self.is_autoregressive:
+            now = time.monotonic()
+            for row in rows:
+                if row.request.cancelled.is_set():
+                    self._finish(row, "cancelled")
+                elif now - row.request.arrived > row.request.timeout_s:
+                    self._finish(row, "timeout")
+            if all(row.done for row in rows):
+                return
             result = gen_lib.generate_ar(
                 self.exp.model,
                 self.params,
@@ -413,15 +448,17 @@ class Engine:
                 forbidden_tokens=self._forbidden(),
             )
             for i, row in enumerate(rows):
+                if row.done:
+                    continue
                 if row.request.cancelled.is_set():
                     self._finish(row, "cancelled")
                 else:
-                    self._advance(row, result.tokens[i], stopped=bool(np.isin(result.tokens[i], [EOS_ID]).any()))
+                    self._advance(row, result.tokens[i])
             return
         c = sampler.canvas_length
         region = next_power_of_two(math.ceil(longest / c)) * c  # a few cache lengths: a few compiled programs
         # Masking without re-masking: a decided token is final, so each step's decided prefix can go out at once.
-        early = sampler.persistent and not sampler.selection.remasks
+        early = sampler.persistent and not sampler.selection.remasks and self.live_steps
         live = _Live(rows=rows, streams_decided_prefix=early)
 
         def before_canvas(index: int) -> np.ndarray:
@@ -448,13 +485,13 @@ class Engine:
                 max_new_tokens=region,
                 first_canvas_length=settings.first_canvas,
                 before_canvas=before_canvas,
-                on_step=self._on_step,
+                on_step=self._on_step if self.live_steps else None,
             )
             for update in stream:
                 for i, row in enumerate(rows):
                     if not row.done:
                         rest = update.tokens[i][live.streamed[i] :]
-                        self._advance(row, rest, stopped=bool(update.finished[i]))
+                        self._advance(row, rest)
         finally:
             self._live = None
         for row in rows:  # the region ran out (bucketed canvases cover every max_tokens, so only by cancellation)
@@ -479,5 +516,5 @@ class Engine:
                 masked = np.flatnonzero(canvas[i] == MASK_ID)
                 decided = canvas[i][: masked[0] if masked.size else canvas.shape[1]]
                 if len(decided) > live.streamed[i]:
-                    self._advance(row, decided[live.streamed[i] :], stopped=False)
+                    self._advance(row, decided[live.streamed[i] :])
                     live.streamed[i] = len(decided)

@@ -333,3 +333,23 @@ def test_the_vocabulary_chunked_step_serves_the_same_text(served):
     assert done.wait(120)
     engine.close()
     assert events[-1]["type"] == "done" and events[-1]["text"] == alone(served, "ROMEO:", 3)
+
+
+def test_stop_strings_across_chunks_and_finish_reasons(served):
+    from hackable_diffusion.data.tokenizers import EOS_ID
+    from hackable_diffusion.serve.engine import _Row
+
+    client = served["client"]
+    full = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=24, seed=21).choices[0].text
+    stop = full[3:5]  # two characters: a stop string that per-step chunks can split
+    whole = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=24, seed=21, stop=[stop])
+    chunks = client.completions.create(model="tiny", prompt="ROMEO:", max_tokens=24, seed=21, stop=[stop], stream=True)
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text == full[: full.index(stop)]
+    engine, events = served["engine"], []
+    ids = engine.exp.tokenizer.encode("abcdefgh")
+    for max_tokens, reason in ((3, "length"), (12, "stop")):  # EOS after the cut is not a stop
+        events.clear()
+        row = _Row(Request(prompt_ids=[2], max_tokens=max_tokens, emit=events.append))
+        engine._advance(row, [*ids[:5], EOS_ID, *ids[5:]])
+        assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == reason
+        assert "".join(e["text"] for e in events if e["type"] == "text") == events[-1]["text"]

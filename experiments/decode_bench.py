@@ -299,7 +299,7 @@ def run(args) -> list[dict]:
                 draw=make_draw(args.draw),
             )
 
-            def generate(max_new, sampler=sampler, on_device=False):  # one cache size for both lengths: same programs
+            def generate(max_new, sampler=sampler, on_device=False, first=None):  # one cache size: the same programs
                 return gen_lib.generate(
                     model,
                     params,
@@ -310,6 +310,7 @@ def run(args) -> list[dict]:
                     stop_tokens=(),
                     cache_length=cache_length,
                     on_device=on_device,
+                    first_canvas_length=first,
                 ).tokens
 
             if fp8:
@@ -386,7 +387,7 @@ def run(args) -> list[dict]:
             }
             if args.first_canvas and not fp8:
                 line["first_canvas"] = first_canvas_figures(
-                    args, model, params, prompt, sampler, new_tokens, gen_s, ar_ttft, repeats
+                    args, generate, sampler, new_tokens, gen_s, ar_ttft, repeats
                 )
             line["ratio"] = line["canvas"]["tokens_per_s"] / line["ar"]["tokens_per_s"]
             line["roofline_ratio"] = line["canvas"]["roofline_tokens_per_s"] / line["ar"]["roofline_tokens_per_s"]
@@ -395,30 +396,15 @@ def run(args) -> list[dict]:
     return lines
 
 
-def first_canvas_figures(args, model, params, prompt, sampler, new_tokens, plain_gen_s, ar_ttft, repeats) -> dict:
+def first_canvas_figures(args, generate, sampler, new_tokens, plain_gen_s, ar_ttft, repeats) -> dict:
     """Time to first token with a shorter first canvas (`generate(first_canvas_length=F)`, its steps scaled to decide as
     many tokens per step as a full canvas), and what it costs over the whole answer: per F, the first canvas alone
     timed end to end (prefill, its steps, the commit: an upper bound on when its tokens exist), the full answer of
     `new_tokens` timed the same way, and both against the plain canvas and AR figures measured above."""
     out = {}
-    for first in args.first_canvas:
-        cache_length = prompt.shape[1] + new_tokens  # the same region: [first, canvas, ..., canvas - first]
-
-        def generate(max_new, first=first, cache_length=cache_length):
-            return gen_lib.generate(
-                model,
-                params,
-                prompt,
-                sampler=sampler,
-                key=0,
-                max_new_tokens=max_new,
-                stop_tokens=(),
-                cache_length=cache_length,
-                first_canvas_length=first,
-            ).tokens
-
-        ttft = median_time(lambda: generate(first), repeats)
-        gen_s = median_time(lambda: generate(new_tokens), repeats)
+    for first in args.first_canvas:  # the same region and cache: [first, canvas, ..., canvas - first]
+        ttft = median_time(lambda: generate(first, first=first), repeats)
+        gen_s = median_time(lambda: generate(new_tokens, first=first), repeats)
         out[str(first)] = {
             "first_canvas_steps": max(1, math.ceil(sampler.num_steps * first / sampler.canvas_length)),
             "ttft_s": ttft,

@@ -22,14 +22,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from hackable_diffusion import builders, cli, run_config
+from hackable_diffusion import builders, cli
 from hackable_diffusion.checkpoints import base_weights, toolbox
 from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import partitioning
@@ -78,17 +77,13 @@ def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: b
 
 def _run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: bool) -> SFTResult:
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion.data import tokenizers as tok_lib
     from hackable_diffusion.tasks import text_sft
     from hackable_diffusion.training import loop, sharding
 
     path = exp_lib.workdir_path(workdir)
     base = base_weights.load_base(config)
     config = resolve_config(config, base)
-    if jax.process_index() == 0:
-        run_config.save_config(config, path / "config.json")
-        if not (path / "tokenizer" / tok_lib.CONFIG_FILE).is_file():
-            base.tokenizer.save(path / "tokenizer", metadata={"source": base.source})
+    base_weights.save_fine_tuning_files(config, base, path)
     exp = exp_lib.build(config, workdir)  # the base model's shape, the text task's SFT examples
     if base.source != "scratch" and not base_weights.has_checkpoints(path):  # the init table and init_report.json
         base_weights.report_start(base, exp.model, config, path)
@@ -173,19 +168,12 @@ def define_flags(argv: list[str]):
 
 
 def main(argv):
-    from absl import app, flags
+    from absl import flags
 
     del argv
     FLAGS = flags.FLAGS
-    if FLAGS.config is None:
-        raise app.UsageError("--config is required: an SFT config file such as configs/sft_shakespeare_lora.py.")
-    if FLAGS.workdir is None:
-        raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
+    config = base_weights.config_from_command_flags(FLAGS, "configs/sft_shakespeare_lora.py")
     cli.quiet_library_logs()
-    config = FLAGS.config
-    if FLAGS.init_from:
-        base_weights.set_init_from(config, FLAGS.init_from)
-    print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
     run_sft(config, FLAGS.workdir, sample_at_end=FLAGS.sample_at_end)
 
 

@@ -461,6 +461,32 @@ def resumed_train_config(config: ml_collections.ConfigDict, workdir: str | pathl
     return config
 
 
+def save_fine_tuning_files(config: ml_collections.ConfigDict, base: Base, workdir: str | pathlib.Path) -> None:
+    """`sft` and `rl` (process 0): the run's config.json, and the base's tokenizer the first time (a task without a
+    tokenizer, Sudoku or Countdown, has none to save)."""
+    if jax.process_index() != 0:
+        return
+    path = pathlib.Path(workdir)
+    run_config.save_config(config, path / "config.json")
+    if base.tokenizer is not None and not (path / "tokenizer" / tok_lib.CONFIG_FILE).is_file():
+        base.tokenizer.save(path / "tokenizer", metadata={"source": base.source})
+
+
+def config_from_command_flags(flag_values, example: str) -> ml_collections.ConfigDict:
+    """The `--config` of a fine-tuning command (sft, rl) after its usage checks, with `--init_from` applied, printed."""
+    from absl import app
+
+    if flag_values.config is None:
+        raise app.UsageError(f"--config is required: a config file such as {example}.")
+    if flag_values.workdir is None:
+        raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
+    config = flag_values.config
+    if flag_values.init_from:
+        set_init_from(config, flag_values.init_from)
+    print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
+    return config
+
+
 def install_tokenizer(base: Base, workdir: str | pathlib.Path) -> None:
     """Puts the source's tokenizer in `workdir/tokenizer` (process 0), so that the run's token ids are the ones its
     weights were trained on: a copy of the folder it was read from, or a checkpoint's own tokenizer saved as kind

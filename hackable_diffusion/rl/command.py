@@ -14,14 +14,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from hackable_diffusion import builders, cli, run_config
+from hackable_diffusion import builders, cli
 from hackable_diffusion.checkpoints import base_weights
 from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import partitioning
@@ -178,7 +177,6 @@ class RLRun:
 def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
     """Loads the starting weights, resolves and saves the config, builds the experiment, objective and rollouts."""
     from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion.data import tokenizers as tok_lib
 
     if "rl" not in config:
         raise ValueError("the config has no rl section: build it with recipes.rl_sections (configs/rl_sudoku.py).")
@@ -187,10 +185,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
     base = base_weights.load_base(config)
     config = resolve_config(config, base)
     exp_lib.check_config(config)
-    if jax.process_index() == 0:
-        run_config.save_config(config, path / "config.json")
-        if base.tokenizer is not None and not (path / "tokenizer" / tok_lib.CONFIG_FILE).is_file():
-            base.tokenizer.save(path / "tokenizer", metadata={"source": base.source})
+    base_weights.save_fine_tuning_files(config, base, path)
     exp = exp_lib.build(config, workdir)
     if base.source != "scratch" and not base_weights.has_checkpoints(path):  # the init table and init_report.json
         base_weights.report_start(base, exp.model, config, path)
@@ -286,19 +281,12 @@ def define_flags(argv: list[str]):
 
 
 def main(argv):
-    from absl import app, flags
+    from absl import flags
 
     del argv
     FLAGS = flags.FLAGS
-    if FLAGS.config is None:
-        raise app.UsageError("--config is required: an RL config file such as configs/rl_sudoku.py.")
-    if FLAGS.workdir is None:
-        raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
+    config = base_weights.config_from_command_flags(FLAGS, "configs/rl_sudoku.py")
     cli.quiet_library_logs()
-    config = FLAGS.config
-    if FLAGS.init_from:
-        base_weights.set_init_from(config, FLAGS.init_from)
-    print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
     state = run_rl(config, FLAGS.workdir)
     print(
         f"RL done at step {int(state.step)}; evaluate with python -m hackable_diffusion.evaluate --workdir "

@@ -185,6 +185,7 @@ class Api:
                 seed=seed,
                 settings=settings,
                 want_steps=want_steps,
+                stream=bool(body.get("stream", False)),
                 timeout_s=self.request_timeout_s,
             )
             try:

@@ -84,6 +84,7 @@ class Request:
     seed: int = 0
     settings: SamplerSettings = SamplerSettings()
     want_steps: bool = False
+    stream: bool = False  # the client reads text as it comes: worth a host round trip per denoising step
     timeout_s: float = 600.0
     arrived: float = dataclasses.field(default_factory=time.monotonic)
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -458,7 +459,9 @@ class Engine:
         c = sampler.canvas_length
         region = next_power_of_two(math.ceil(longest / c)) * c  # a few cache lengths: a few compiled programs
         # Masking without re-masking: a decided token is final, so each step's decided prefix can go out at once.
-        early = sampler.persistent and not sampler.selection.remasks and self.live_steps
+        # Per-step work (a host round trip each step) only for a batch with a client that reads it as it comes.
+        per_step = self.live_steps and any(r.stream or r.want_steps for r in batch)
+        early = sampler.persistent and not sampler.selection.remasks and per_step
         live = _Live(rows=rows, streams_decided_prefix=early)
 
         def before_canvas(index: int) -> np.ndarray:
@@ -485,7 +488,7 @@ class Engine:
                 max_new_tokens=region,
                 first_canvas_length=settings.first_canvas,
                 before_canvas=before_canvas,
-                on_step=self._on_step if self.live_steps else None,
+                on_step=self._on_step if per_step else None,
             )
             for update in stream:
                 for i, row in enumerate(rows):

@@ -11,19 +11,7 @@ accept, and a model this small accepts few, so minutes of training leave its sam
 """
 
 from hackable_diffusion import recipes
-from hackable_diffusion.models import presets
 
 
 def get_config():
-    c = recipes.text_config(
-        "shakespeare", "masking", model=presets.quickstart(), steps=300, seq_len=128, batch_size=16, canvas_len=32
-    )
-    c.optimizer.peak_lr = 3e-3
-    c.optimizer.warmup_steps = 30
-    c.train.log_every = 25
-    c.train.eval_every = 150
-    c.train.checkpoint_every = 100
-    c.eval.num_batches = 4
-    c.sampler.num_steps = 32
-    c.sampler.max_new_tokens = 128
-    return c
+    return recipes.quickstart_config("masking")

@@ -10,7 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu/raw}
 mkdir -p "$OUT"
-STEPS=${STEPS:-8,16,32,48}
+# 2 and 4 steps per canvas: the budgets of a distilled student (python -m hackable_diffusion.distill); a canvas step
+# costs the same whatever weights it runs, so random weights time the student's decoding as well as the teacher's
+STEPS=${STEPS:-2,4,8,16,32,48}
 if [[ -n "${DRY_RUN:-}" ]]; then
   PY=${PYTHON:-.venv/bin/python}
   MID=(--model tiny --prompt 8 --canvas 8 --canvases 2 --repeats 1 --bandwidth_mib 16 --matmul_n 256)

@@ -241,6 +241,23 @@ def text_config(
     return c
 
 
+def quickstart_config(process: str = "masking") -> ml_collections.ConfigDict:
+    """The quickstart (configs/quickstart.py: block masking diffusion, configs/quickstart_ar.py: its AR twin): the
+    1.37M-parameter `presets.quickstart` MoE on tiny Shakespeare, 300 steps of 16 x 128 tokens, canvases of 32."""
+    c = text_config(
+        "shakespeare", process, model=presets.quickstart(), steps=300, seq_len=128, batch_size=16, canvas_len=32
+    )
+    c.optimizer.peak_lr = 3e-3
+    c.optimizer.warmup_steps = 30
+    c.train.log_every = 25
+    c.train.eval_every = 150
+    c.train.checkpoint_every = 100
+    c.eval.num_batches = 4
+    c.sampler.num_steps = 32
+    c.sampler.max_new_tokens = 128
+    return c
+
+
 def text_experiment(corpus: str, process: str, *, moe: bool = False) -> ml_collections.ConfigDict:
     """The text comparison (configs/{shakespeare,ptb}_{uniform,masking,ar}[_moe].py): the ~5M-active-parameter
     `presets.mini` backbone, dense or MoE with equal active parameters, 800 steps of 8 x 256 tokens (1.64M tokens),
@@ -398,6 +415,28 @@ def sft_config(
     return c
 
 
+def _from_weights(config: ml_collections.ConfigDict, checkpoint: str, lora_rank: int) -> ml_collections.ConfigDict:
+    """A copy of `config` that starts from a toolbox run (`init`), full or LoRA (`lora`, rank 0: full)."""
+    c = config.copy_and_resolve_references()
+    c.init = init_section("toolbox", checkpoint)
+    c.lora = ml_collections.ConfigDict(
+        dict(rank=lora_rank, alpha=float(max(2 * lora_rank, 1)), targets=lora_lib.DEFAULT_TARGETS,
+             include_experts=False, freeze_router=False)
+    )  # fmt: skip
+    return c
+
+
+def _constant_lr_schedule(
+    c: ml_collections.ConfigDict, peak_lr: float, steps: int, *, warmup: int, **train: int
+) -> ml_collections.ConfigDict:
+    """A constant learning rate after a short warm-up, no weight decay, no EMA, `steps` steps; `train` sets the
+    logging, evaluation and checkpoint intervals."""
+    c.optimizer.update(dict(peak_lr=peak_lr, end_lr=peak_lr, warmup_steps=min(warmup, steps), total_steps=0))
+    c.optimizer.weight_decay = 0.0
+    c.train.update(dict(num_steps=steps, ema_decay=0.0, **train))
+    return c
+
+
 def rl_sections(
     config: ml_collections.ConfigDict,
     *,
@@ -410,12 +449,7 @@ def rl_sections(
     """`config` (a task's training config) made an RL config for `python -m hackable_diffusion.rl`: the starting
     weights (`init`, a toolbox run by default), `lora` (rank 0: full), the `rl` section (docs/rl.md), a constant
     learning rate after a short warm-up, no EMA."""
-    c = config.copy_and_resolve_references()
-    c.init = init_section("toolbox", checkpoint)
-    c.lora = ml_collections.ConfigDict(
-        dict(rank=lora_rank, alpha=float(max(2 * lora_rank, 1)), targets=lora_lib.DEFAULT_TARGETS,
-             include_experts=False, freeze_router=False)
-    )  # fmt: skip
+    c = _from_weights(config, checkpoint, lora_rank)
     c.rl = ml_collections.ConfigDict(
         dict(
             objective=objective,  # "diffu_grpo" | "wd1" | "elbo" | "ar_grpo"
@@ -431,19 +465,45 @@ def rl_sections(
             elbo_draws=4,  # ELBO policy gradient: noise draws per completion
             shaped_reward=False,  # the task's partial credit (Sudoku: rewards.py) on top of exact = 1
             temperature=1.0,  # rollouts draw tokens at this temperature
+            dynamic_sampling=0,  # DAPO's dynamic sampling: up to this many extra draws of K x G per rollout until K
+            # groups have rewards that differ (tied groups carry no signal); 0: off, one draw, every group kept
         )
     )
-    c.optimizer.peak_lr = peak_lr
-    c.optimizer.end_lr = peak_lr
-    c.optimizer.warmup_steps = min(10, steps)
-    c.optimizer.total_steps = 0
-    c.optimizer.weight_decay = 0.0
-    c.train.num_steps = steps
-    c.train.ema_decay = 0.0
-    c.train.log_every = 5
-    c.train.eval_every = 50
-    c.train.checkpoint_every = 25
-    return c
+    return _constant_lr_schedule(c, peak_lr, steps, warmup=10, log_every=5, eval_every=50, checkpoint_every=25)
+
+
+def distill_sections(
+    config: ml_collections.ConfigDict,
+    *,
+    checkpoint: str,
+    method: str = "trajectory",
+    teacher_steps: int = 16,
+    student_steps: int = 4,
+    steps: int = 300,
+    batch_size: int = 16,
+    pool_size: int = 2048,
+    lora_rank: int = 0,
+    peak_lr: float = 1e-4,
+) -> ml_collections.ConfigDict:
+    """`config` (a task's training config) made a distillation config for `python -m hackable_diffusion.distill`:
+    the teacher (`init`, a toolbox run by default, whose data, diffusion, sampler and solver sections the student
+    inherits at run time), `lora` (rank 0: full), the `distill` section (docs/distillation.md), a constant learning
+    rate after a short warm-up, no EMA."""
+    c = _from_weights(config, checkpoint, lora_rank)
+    c.distill = ml_collections.ConfigDict(
+        dict(
+            method=method,  # "trajectory" (SDTT-style, masking runs) | "consistency" (DUO-style, greedy teacher)
+            teacher_steps=teacher_steps,  # N: the teacher's steps per canvas
+            student_steps=student_steps,  # k: the student's (must divide N)
+            rest_weight=0.0,  # trajectory: weight of the teacher's final token at positions decided later
+            pool_size=pool_size,  # teacher trajectories made once and cached in the run directory
+            batch_size=batch_size,  # canvases per step (each gives k student rows)
+            greedy_temperature=1e-4,  # consistency: the teacher's near-greedy temperature
+            self_condition_prob=0.0,  # a model with a self-conditioner: its second pass, as pretraining
+            keep="all",  # "correct": only trajectories ending on the training row's canvas (a puzzle's solution)
+        )
+    )
+    return _constant_lr_schedule(c, peak_lr, steps, warmup=20, log_every=10, eval_every=0, checkpoint_every=50)
 
 
 SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every result

@@ -160,9 +160,11 @@ def write_outputs(config: ml_collections.ConfigDict, path, fused: Any, lora: Any
 def define_flags(argv: list[str]):
     from absl import flags
 
-    argv = cli.define_config_file_flag(argv, "SFT config file (configs/sft_*.py); override keys: --config.a.b=value.")
-    base_weights.define_init_from_flag()
-    flags.DEFINE_string("workdir", None, "Run directory: checkpoints, fused_params, metrics, tokenizer.")
+    argv = base_weights.define_command_flags(
+        argv,
+        "SFT config file (configs/sft_*.py); override keys: --config.a.b=value.",
+        "Run directory: checkpoints, fused_params, metrics, tokenizer.",
+    )
     flags.DEFINE_bool("sample_at_end", True, "Print a sample from the fine-tuned model at the end.")
     return argv
 

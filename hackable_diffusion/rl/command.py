@@ -33,6 +33,7 @@ OBJECTIVES = ("diffu_grpo", "wd1", "elbo", "ar_grpo")
 RL_KEYS = (
     "objective", "prompts_per_rollout", "group_size", "inner_updates", "prompt_mask_prob", "advantage_scale",
     "clip_eps", "kl_beta", "wd1_psi", "wd1_negative_weight", "elbo_draws", "shaped_reward", "temperature",
+    "dynamic_sampling",
 )  # fmt: skip
 
 
@@ -49,6 +50,12 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
         raise ValueError(
             f"config.rl.kl_beta={rl.kl_beta} must be >= 0, clip_eps={rl.clip_eps} > 0 and temperature="
             f"{rl.temperature} > 0 (rollouts need randomness)."
+        )
+    extra = rl.get("dynamic_sampling", 0)
+    if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
+        raise ValueError(
+            f"config.rl.dynamic_sampling={extra!r} must be an integer >= 0: the most extra draws of "
+            "prompts_per_rollout x group_size per rollout to fill the batch with groups whose rewards differ (0: off)."
         )
     settings = rollout_settings(config)
     if autoregressive is None:
@@ -75,6 +82,7 @@ def rollout_settings(config: ml_collections.ConfigDict) -> RolloutSettings:
         prompt_mask_prob=float(rl.prompt_mask_prob),
         advantage_scale=str(rl.advantage_scale),
         seed=int(config.seed),
+        dynamic_sampling=int(rl.get("dynamic_sampling", 0)),  # absent from configs saved before it existed
     )
 
 
@@ -139,7 +147,7 @@ class RolloutReport:
     SHOWN = (
         ("reward_mean", "reward {:.3f}"), ("reward_std", "+- {:.3f}"), ("solve_rate", "| solved {:.1%}"),
         ("groups_used", "| groups used {:.0%}"), ("kl", "| KL {:.4f}"), ("entropy", "| entropy {:.3f}"),
-        ("clip_fraction", "| clipped {:.1%}"), ("rollout_seconds", "| rollout {:.2f}s"),
+        ("draws", "| draws {:.2f}"), ("clip_fraction", "| clipped {:.1%}"), ("rollout_seconds", "| rollout {:.2f}s"),
         ("update_seconds", "| update {:.2f}s"),
     )  # fmt: skip
 
@@ -154,6 +162,18 @@ class RolloutReport:
             shown = " ".join(fmt.format(mean[k]) for k, fmt in self.SHOWN if k in mean)
             print(f"  rollouts to step {step}: {shown}", flush=True)
             self.history = []
+
+
+def with_draws_metric(loss_fn: Any) -> Any:
+    """`loss_fn` with the `draws` metric added: the rollout draws that made the batch (`rl.dynamic_sampling`)."""
+
+    def loss(params, batch, key):
+        value, metrics = loss_fn(params, batch, key)
+        if "draws" in batch:
+            metrics = {**metrics, "draws": jnp.mean(batch["draws"])}
+        return value, metrics
+
+    return loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +229,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
         merge = jax.jit(adapter.merge)
         policy_params = lambda params: merge(params[lora_lib.BASE_KEY], params[lora_lib.LORA_KEY])  # noqa: E731
         reference_params = lambda params: params[lora_lib.BASE_KEY]  # noqa: E731
+    loss_fn = with_draws_metric(loss_fn)
     stream = RolloutStream(
         exp=exp,
         settings=rollout_settings(config),
@@ -252,7 +273,12 @@ def _run_rl(config: ml_collections.ConfigDict, workdir: str):
         print(
             f"RL ({config.rl.objective}) from {run.base.source}: {what}; {len(run.stream.prompts):,} prompts, "
             f"{settings.prompts_per_rollout} x {settings.group_size} completions per rollout, "
-            f"{settings.inner_updates} update(s) per rollout.",
+            f"{settings.inner_updates} update(s) per rollout"
+            + (
+                f", up to {settings.dynamic_sampling} extra draw(s) to fill it with informative groups."
+                if settings.dynamic_sampling
+                else "."
+            ),
             flush=True,
         )
     return loop.train(
@@ -272,12 +298,11 @@ def _run_rl(config: ml_collections.ConfigDict, workdir: str):
 
 
 def define_flags(argv: list[str]):
-    from absl import flags
-
-    argv = cli.define_config_file_flag(argv, "RL config file (configs/rl_*.py); override keys: --config.a.b=value.")
-    base_weights.define_init_from_flag()
-    flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, config.json (rerunning resumes).")
-    return argv
+    return base_weights.define_command_flags(
+        argv,
+        "RL config file (configs/rl_*.py); override keys: --config.a.b=value.",
+        "Run directory: checkpoints, metrics, config.json (rerunning resumes).",
+    )
 
 
 def main(argv):

@@ -10,10 +10,18 @@ when the objective needs them, precomputes the old policy's per-token log-probs 
 reference's when a KL term is on (`reference_params`; without one, the KL metric compares with the old policy, and
 an objective without old log-probs reports no KL). The mu batches of a rollout then go to the optimizer one per step.
 
+Dynamic sampling (`dynamic_sampling` = D > 0; DAPO, Yu et al. 2025): a rollout is made of up to 1 + D draws, each
+of the next K prompts x G completions. After each draw the groups whose G rewards all tie are set aside; drawing
+stops once K informative groups are held or after 1 + D draws, and the batch keeps the first K informative groups
+(`advantages.select_informative_groups`), filled up with the draws' first tied groups when fewer were found, so it
+is always K x G rows (one compiled update step). The batch reports its draws (`draws`) and, as before, which
+groups are informative (`valid`). With D = 0 a rollout is one draw and every group is kept, tied or not.
+
 The stream reads the current weights through `before_step` (the loop calls it before drawing each batch, also on a
-resumed run). Its checkpointed state is the rollout counter, the inner index and, mid-rollout, the rollout's arrays
-themselves (exact bytes), so a run resumed anywhere replays the same batches: the rollout randomness and the prompt
-order are functions of (seed, rollout index) alone.
+resumed run). Its checkpointed state is the rollout counter, the draw counter (the prompt position in units of K:
+it equals the rollout counter without dynamic sampling), the inner index and, mid-rollout, the rollout's arrays
+themselves (exact bytes), so a run resumed anywhere replays the same batches: a draw's randomness and prompts are
+functions of (seed, draw index) alone, the prompt masks of (seed, rollout index).
 """
 
 from __future__ import annotations
@@ -31,14 +39,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from hackable_diffusion.rl.advantages import group_advantages
+from hackable_diffusion.rl.advantages import group_advantages, informative_groups, select_informative_groups
 
 PyTree = Any
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSettings:
-    """`config.rl`'s rollout fields: K prompts x G completions per rollout, mu updates per rollout."""
+    """`config.rl`'s rollout fields: K prompts x G completions per rollout, mu updates per rollout, at most
+    `dynamic_sampling` extra draws of K x G to fill the batch with informative groups (0: off)."""
 
     prompts_per_rollout: int
     group_size: int
@@ -46,6 +55,7 @@ class RolloutSettings:
     prompt_mask_prob: float = 0.0
     advantage_scale: str = "std"
     seed: int = 0
+    dynamic_sampling: int = 0
 
     def __post_init__(self):
         if self.prompts_per_rollout < 1 or self.group_size < 2 or self.inner_updates < 1:
@@ -56,15 +66,21 @@ class RolloutSettings:
             )
         if not 0.0 <= self.prompt_mask_prob < 1.0:
             raise ValueError(f"config.rl.prompt_mask_prob={self.prompt_mask_prob} must lie in [0, 1).")
+        if self.dynamic_sampling < 0:
+            raise ValueError(
+                f"config.rl.dynamic_sampling={self.dynamic_sampling} must be >= 0 (the most extra draws per rollout; "
+                "0 turns dynamic sampling off)."
+            )
 
     @property
     def batch_rows(self) -> int:
         return self.prompts_per_rollout * self.group_size
 
 
-def prompt_indices(num_prompts: int, rollout: int, per_rollout: int, seed: int) -> np.ndarray:
-    """The prompts of rollout `rollout`: consecutive slices of one seeded permutation per epoch."""
-    positions = np.arange(rollout * per_rollout, (rollout + 1) * per_rollout)
+def prompt_indices(num_prompts: int, draw: int, per_rollout: int, seed: int) -> np.ndarray:
+    """The prompts of draw `draw` (the rollout index without dynamic sampling): consecutive slices of one seeded
+    permutation per epoch."""
+    positions = np.arange(draw * per_rollout, (draw + 1) * per_rollout)
     epochs, offsets = np.divmod(positions, num_prompts)
     out = np.empty(per_rollout, np.int64)
     for epoch in np.unique(epochs):  # one permutation per epoch the rollout touches (one or two)
@@ -108,11 +124,11 @@ class RolloutStream:
         self.needs_old = needs_old_log_probs
         self.reward_kwargs = dict(reward_kwargs or {})
         self._score = jax.jit(lambda params, tokens, completion, masked: scorer(params, tokens, completion, masked)[0])
-        self.rollout_index, self.inner = 0, 0
+        self.rollout_index, self.draw_index, self.inner = 0, 0, 0
         self._cached: dict[str, np.ndarray] | None = None
         self._state_params: PyTree = None
         self._last_return: float | None = None
-        self.last_rollout: dict[str, np.ndarray] | None = None  # prompts, completions and rewards, for reports
+        self.last_rollout: dict[str, np.ndarray] | None = None  # the batch's prompts, completions, rewards, for reports
 
     # -- the loop's hooks ---------------------------------------------------------------------------------------
     def prepare(self, step: int, state) -> None:
@@ -123,7 +139,7 @@ class RolloutStream:
         pass
 
     def get_state(self) -> bytes:
-        state = {"rollout_index": self.rollout_index, "inner": self.inner}
+        state = {"rollout_index": self.rollout_index, "draw_index": self.draw_index, "inner": self.inner}
         if self._cached is not None and self.inner:
             state["cached"] = _encode(self._cached)
         return json.dumps(state).encode()
@@ -131,9 +147,12 @@ class RolloutStream:
     def set_state(self, state: bytes) -> None:
         data = json.loads(state.decode() if isinstance(state, bytes) else state)
         self.rollout_index, self.inner = int(data["rollout_index"]), int(data["inner"])
+        self.draw_index = int(data.get("draw_index", self.rollout_index))  # saved before dynamic sampling: one each
         self._cached = _decode(data["cached"]) if "cached" in data else None
         if self.inner and self._cached is None:
             raise ValueError("the RL data state is mid-rollout but holds no rollout arrays; the checkpoint is damaged.")
+        if self._cached is not None and "draws" not in self._cached:
+            self._cached["draws"] = np.ones_like(self._cached["rewards"])
 
     def __iter__(self):
         return self
@@ -145,8 +164,9 @@ class RolloutStream:
         if self.inner == 0:
             if self._state_params is None:
                 raise RuntimeError("RolloutStream needs the current weights: pass its prepare() as before_step.")
-            self._cached = self.make_rollout(self._state_params, self.rollout_index)
+            self._cached = self.make_rollout(self._state_params, self.rollout_index, self.draw_index)
             self.rollout_index += 1
+            self.draw_index += int(self._cached["draws"][0])
         cached, j = self._cached, self.inner
         batch = {k: v for k, v in cached.items() if not k.startswith("inner_") and not k.startswith("report_")}
         for key in ("prompt_masked", "old_log_probs", "ref_log_probs"):
@@ -156,16 +176,36 @@ class RolloutStream:
         self._last_return = time.perf_counter()
         return batch
 
-    def make_rollout(self, state_params: PyTree, rollout: int) -> dict[str, np.ndarray]:
-        """One rollout's arrays (every inner update's masks and log-probs included); see the module docstring."""
+    def draw_groups(self, params: PyTree, draw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(prompts, completions, rewards) of draw `draw`: its K prompts, each repeated G times, completed and scored
+        with `params` (the policy's weights) and randomness that depends on (seed, draw) alone."""
         s = self.settings
-        start = time.perf_counter()
-        chosen = prompt_indices(len(self.prompts), rollout, s.prompts_per_rollout, s.seed)
+        chosen = prompt_indices(len(self.prompts), draw, s.prompts_per_rollout, s.seed)
         prompts = np.repeat(self.prompts[chosen], s.group_size, axis=0)
-        params = self.policy_params(state_params)
-        seed = int(np.random.default_rng([s.seed, rollout, 1]).integers(2**31 - 1))
+        seed = int(np.random.default_rng([s.seed, draw, 1]).integers(2**31 - 1))
         completions = np.asarray(self.task.rollout(self.exp, params, prompts, seed=seed, config=self.rollout_config))
         rewards = np.asarray(self.task.reward(prompts, completions, **self.reward_kwargs), np.float32)
+        return prompts, completions, rewards
+
+    def make_rollout(self, state_params: PyTree, rollout: int, first_draw: int | None = None) -> dict[str, np.ndarray]:
+        """One rollout's arrays (every inner update's masks and log-probs included, `draws` the draws it made, from
+        `first_draw` on: by default `rollout`, the draw index without dynamic sampling); see the module docstring."""
+        s = self.settings
+        start = time.perf_counter()
+        first_draw = rollout if first_draw is None else first_draw
+        params = self.policy_params(state_params)
+        drawn: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        informative = 0
+        for draw in range(first_draw, first_draw + 1 + s.dynamic_sampling):
+            drawn.append(self.draw_groups(params, draw))
+            informative += int(informative_groups(drawn[-1][2].reshape(-1, s.group_size)).sum())
+            if informative >= s.prompts_per_rollout:
+                break
+        draws = len(drawn)
+        prompts, completions, rewards = (np.concatenate(parts) for parts in zip(*drawn))
+        kept = select_informative_groups(rewards.reshape(-1, s.group_size), s.prompts_per_rollout)
+        kept_rows = (kept[:, None] * s.group_size + np.arange(s.group_size)).reshape(-1)  # group-major, as drawn
+        prompts, completions, rewards = prompts[kept_rows], completions[kept_rows], rewards[kept_rows]
         advantages, valid_groups = group_advantages(rewards.reshape(-1, s.group_size), scale=s.advantage_scale)
         rows = self.task.policy_rows(self.exp, prompts, completions)
         tokens, completion = np.asarray(rows["tokens"], np.int32), np.asarray(rows["completion"], bool)
@@ -188,7 +228,13 @@ class RolloutStream:
                 ref[j] = old[j]  # no KL term: the KL metric measures the drift from the rollout-time policy
         has_reference = reference is not None or self.needs_old
         seconds = time.perf_counter() - start
-        self.last_rollout = {"prompts": prompts, "completions": completions, "rewards": rewards}
+        self.last_rollout = {
+            "prompts": prompts,
+            "completions": completions,
+            "rewards": rewards,
+            "draws": np.asarray(draws),
+            "informative_groups": np.asarray(int(valid_groups.sum())),
+        }
         return {
             "tokens": tokens,
             "completion": completion,
@@ -197,6 +243,7 @@ class RolloutStream:
             "rewards": rewards,
             "solved": (rewards >= 1.0).astype(np.float32),
             "rollout_seconds": np.full((n,), seconds, np.float32),
+            "draws": np.full((n,), draws, np.float32),
             "has_reference": np.full((n,), float(has_reference), np.float32),
             "inner_prompt_masked": masks,
             "inner_old_log_probs": old,

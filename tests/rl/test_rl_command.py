@@ -64,6 +64,21 @@ def test_a_run_resumed_mid_rollout_equals_the_uninterrupted_one(source_run, tmp_
     assert (tmp_path / "whole" / "tensorboard").is_dir()
 
 
+def test_dynamic_sampling_draws_again_for_tied_groups(source_run, tmp_path):
+    config, source = source_run
+    r = rl_config(config, source, steps=3)
+    r.rl.shaped_reward = False  # exact rewards: the tiny model's groups tie (all 0), so each rollout draws again
+    r.rl.dynamic_sampling = 1
+    command.run_rl(r, str(tmp_path / "rl"))
+    state = json.loads((tmp_path / "rl" / "checkpoints" / "3" / "data" / "process_0-of-1.json").read_text())
+    assert state["rollout_index"] == 2 and 2 <= state["draw_index"] <= 4
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [row for row in rows if row.get("split") == "train"]
+    assert len(train_rows) == 3
+    for row in train_rows:  # a short batch is one that used the extra draw (the cap) and still holds tied groups
+        assert row["draws"] == 2.0 or row["groups_used"] == 1.0, row
+
+
 def test_evaluate_reads_an_rl_run(source_run, tmp_path):
     config, source = source_run
     r = rl_config(config, source, steps=2, objective="wd1")

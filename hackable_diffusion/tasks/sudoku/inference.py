@@ -401,7 +401,7 @@ def _solve_by_search(exp, params, puzzles, settings: SolverSettings, *, batch_si
     # puzzle's same trajectory earlier: the fraction solved within B passes is the accuracy at pass_budget = B. A paced
     # search keeps the pace of its own budget, so only that budget's accuracy is reported.
     solved = puzzle_status == "solved"
-    budgets = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256) if b < settings.pass_budget]
+    budgets = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512) if b < settings.pass_budget]
     budgets = [] if settings.search_paced else budgets
     outcomes["search_solved_within_passes"] = {
         str(b): float((solved & (passes <= b)).mean()) for b in (*budgets, settings.pass_budget)

@@ -89,6 +89,13 @@ class SudokuTask:
         return evaluation.from_flags(flag_values)
 
     # -- RL from verifiable rewards (`python -m hackable_diffusion.rl`; `rewards.py`) -------------------------------
+    def canvas_sampler(self, exp: Experiment, config: ml_collections.ConfigDict):
+        """The in-place sampler over the 81 cells with the solver's rules and views (what distillation's teacher
+        runs); `config` holds the sampler and solver settings."""
+        from hackable_diffusion.tasks.sudoku.inference import puzzle_sampler
+
+        return puzzle_sampler(config, exp.process, SolverSettings.from_config(config))
+
     def rl_prompts(self, exp: Experiment) -> Int[np.ndarray, "n 81"]:
         """The training puzzles (0 = blank): the run's generated training set."""
         digits = exp.tokenizer.decode(exp.data.train_tokens)

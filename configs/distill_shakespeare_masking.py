@@ -1,0 +1,23 @@
+"""Few-step distillation of the tiny-Shakespeare masking run: a 4-step student from the 16-step teacher.
+
+  python -m hackable_diffusion.train --config configs/shakespeare_masking.py --workdir runs/shakespeare_masking
+  python -m hackable_diffusion.distill --config configs/distill_shakespeare_masking.py --workdir runs/distill
+  python -m hackable_diffusion.distill --config configs/distill_shakespeare_masking.py:consistency \
+      --workdir runs/distill_consistency
+  python experiments/steps_frontier.py --teacher runs/shakespeare_masking --ar runs/shakespeare_ar \
+      --students runs/distill:trajectory,runs/distill_consistency:consistency
+
+The student inherits the teacher run's data, diffusion recipe and sampler (docs/distillation.md); its config.json
+samples at `distill.student_steps`. `--config.distill.student_steps=2` (any divisor of teacher_steps) makes another
+point of the frontier; `--init_from toolbox:RUN` names another teacher.
+"""
+
+from hackable_diffusion import recipes
+
+
+def get_config(method: str = "trajectory"):
+    c = recipes.text_experiment("shakespeare", "masking")
+    return recipes.distill_sections(
+        c, checkpoint="runs/shakespeare_masking", method=method or "trajectory", teacher_steps=16, student_steps=4,
+        steps=500, batch_size=16, pool_size=4096, peak_lr=1e-4,
+    )  # fmt: skip

@@ -1,0 +1,172 @@
+"""Quality against denoising steps per canvas: a teacher and its distilled students, side by side.
+
+  python experiments/steps_frontier.py --teacher runs/quickstart \
+      --students runs/distill_qs_trajectory:trajectory,runs/distill_qs_consistency:consistency \
+      --ar runs/quickstart_ar --steps 1,2,4,8,16,32 --out results/text/steps_frontier
+
+For every model and every step budget S in `--steps`, continues `--num_prompts` prompts (the first `--prompt_len`
+tokens of validation sequences at seeded offsets, the same for every model) by `--new_tokens` tokens with the model's
+own sampler at S steps per canvas (early stopping off, so every canvas takes exactly S passes) and measures:
+  * generative perplexity under the autoregressive run `--ar` (the continuation re-encoded with its tokenizer),
+  * unigram and bigram entropy of the continuations in bits (a collapsed few-step student can score a low perplexity
+    with repetitive text; its entropies fall),
+  * tokens/s at batch `--num_prompts` (a compiling call first, then a timed one; other jobs on the machine change it).
+The AR run's own samples are one more row (its temperature, one pass per token). Writes FILE.jsonl (one row per
+model and budget), FILE.png (gen. perplexity and entropies against steps per canvas) and prints one JSON line with
+the gen. perplexity of each model at each budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import time
+from collections import Counter
+
+import numpy as np
+
+from hackable_diffusion import cli
+
+
+def bigram_entropy_bits(sequences: list[list[int]]) -> float:
+    """Entropy of the empirical distribution of adjacent token pairs within each sequence, in bits."""
+    pairs = Counter((a, b) for seq in sequences for a, b in zip(seq, seq[1:]))
+    total = sum(pairs.values())
+    if not total:
+        return 0.0
+    p = np.array(list(pairs.values()), float) / total
+    return float(-(p * np.log2(p)).sum())
+
+
+def prompts_from(exp, num: int, length: int, seed: int) -> list[str]:
+    rows = exp.data.eval_sequences
+    rng = np.random.default_rng(seed)
+    chosen = rng.choice(len(rows), size=num, replace=len(rows) < num)
+    out = []
+    for i in chosen:
+        ids = [int(t) for t in rows[i][:length] if t > 3]  # the special ids (PAD, BOS, EOS, MASK) dropped
+        out.append(exp.tokenizer.decode(ids))
+    return out
+
+
+def with_steps(exp, steps: int):
+    from hackable_diffusion import recipes
+
+    config = exp.config.copy_and_resolve_references()
+    config.sampler.num_steps = steps
+    config.sampler.early_stopping = recipes.early_stopping("none")
+    return dataclasses.replace(exp, config=config)
+
+
+def measure(exp, params, prompts, new_tokens: int, ar, ar_params, seed: int) -> dict:
+    from hackable_diffusion.data.tokenizers import BOS_ID
+    from hackable_diffusion.tasks import text
+
+    text.sample_texts(exp, params, prompts, seed=seed + 1, max_new_tokens=new_tokens)  # compile
+    start = time.perf_counter()
+    texts, result = text.sample_texts(exp, params, prompts, seed=seed, max_new_tokens=new_tokens)
+    seconds = time.perf_counter() - start
+    conts = [ar.tokenizer.encode(t) for t in texts]
+    out = text.generative_perplexity(ar, ar_params, [[BOS_ID] + ar.tokenizer.encode(p) for p in prompts], conts)
+    out["gen_bigram_entropy_bits"] = bigram_entropy_bits(conts)
+    out["tokens_per_s"] = float(np.sum(result.lengths)) / seconds
+    out["forward_passes"] = int(result.forward_passes)
+    if result.steps is not None:
+        used = np.asarray(result.steps)
+        out["mean_steps_per_canvas"] = float(used[used > 0].mean()) if (used > 0).any() else 0.0
+    out["sample"] = prompts[0][-40:] + " || " + texts[0][:160]
+    return out
+
+
+def plot(rows: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = list(dict.fromkeys(r["label"] for r in rows if r["label"] != "ar"))
+    for label in labels:
+        pts = sorted((r["steps_per_canvas"], r) for r in rows if r["label"] == label)
+        xs = [p[0] for p in pts]
+        left.plot(xs, [p[1]["gen_ppl"] for p in pts], marker="o", label=label)
+        (line,) = right.plot(xs, [p[1]["gen_unigram_entropy_bits"] for p in pts], marker="o", label=f"{label} unigram")
+        right.plot(xs, [p[1]["gen_bigram_entropy_bits"] for p in pts], marker="s", ls="--", color=line.get_color())
+    for r in rows:
+        if r["label"] == "ar":
+            left.axhline(r["gen_ppl"], color="grey", ls=":", label="AR samples")
+            right.axhline(r["gen_unigram_entropy_bits"], color="grey", ls=":")
+            right.axhline(r["gen_bigram_entropy_bits"], color="grey", ls="-.")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("denoising steps per canvas")
+        ax.grid(alpha=0.3)
+    left.set_yscale("log")
+    left.set_ylabel("generative perplexity under the AR run")
+    right.set_ylabel("entropy of the samples (bits; dashed: bigram)")
+    left.legend(fontsize=8)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--teacher", required=True)
+    parser.add_argument("--students", default="", help="RUN:LABEL,RUN:LABEL (label defaults to the folder name)")
+    parser.add_argument("--ar", required=True, help="the autoregressive scorer run")
+    parser.add_argument("--steps", default="1,2,4,8,16,32")
+    parser.add_argument("--num_prompts", type=int, default=32)
+    parser.add_argument("--prompt_len", type=int, default=64)
+    parser.add_argument("--new_tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="results/text/steps_frontier")
+    args = parser.parse_args()
+
+    from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.checkpoints import toolbox
+
+    cli.quiet_library_logs()
+    budgets = [int(s) for s in args.steps.split(",") if s]
+    runs = [(args.teacher, "teacher")]
+    for item in filter(None, args.students.split(",")):
+        run, _, label = item.partition(":")
+        runs.append((run, label or pathlib.Path(run).name))
+    ar = exp_lib.from_workdir(args.ar)
+    ar_params, ar_step = toolbox.load_params(ar, args.ar)
+    if not ar.is_autoregressive:
+        cli.fail(f"--ar {args.ar} is not an autoregressive run.")
+    teacher_exp = exp_lib.from_workdir(args.teacher)
+    prompts = prompts_from(teacher_exp, args.num_prompts, args.prompt_len, args.seed)
+    rows = []
+    command = cli.argparse_command("experiments/steps_frontier.py", args)
+    for run, label in runs:
+        exp = exp_lib.from_workdir(run)
+        params, step = toolbox.load_params(exp, run)
+        for steps in budgets:
+            started = time.perf_counter()
+            out = measure(with_steps(exp, steps), params, prompts, args.new_tokens, ar, ar_params, args.seed)
+            row = {"label": label, "run": run, "checkpoint_step": int(step), "steps_per_canvas": steps, **out}
+            row["wall_seconds"] = time.perf_counter() - started
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "sample"}), flush=True)
+    out = measure(ar, ar_params, prompts, args.new_tokens, ar, ar_params, args.seed)
+    rows.append({"label": "ar", "run": args.ar, "checkpoint_step": int(ar_step), "steps_per_canvas": None, **out})
+    path = pathlib.Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.with_suffix(".jsonl").open("w") as f:
+        f.write(json.dumps({"command": command}) + "\n")
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    plot(rows, path.with_suffix(".png"))
+    summary = {
+        r["label"] + (f"@{r['steps_per_canvas']}" if r["steps_per_canvas"] else ""): round(r["gen_ppl"], 2)
+        for r in rows
+    }
+    print(cli.json_line({"gen_ppl": summary, "prompts": len(prompts), "new_tokens": args.new_tokens}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

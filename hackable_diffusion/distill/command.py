@@ -1,0 +1,213 @@
+"""Few-step distillation of a diffusion run's canvas sampler: a k-step student from an N-step teacher.
+
+  python -m hackable_diffusion.distill --config configs/distill_shakespeare_masking.py --workdir runs/distill
+
+The teacher is the run `config.init` names (`--init_from toolbox:RUN|hf:DIR|params:DIR|gemma:DIR`), frozen; the
+student starts as a copy of it (full, or LoRA adapters on it with `lora.rank > 0`, then the teacher is the LoRA-off
+model and no second copy is held). From a toolbox run the student inherits the run's task, data, model shape,
+diffusion recipe, sampler and solver sections (the layout the weights were trained in); `distill.batch_size` canvases
+per step, each giving `student_steps` rows. The teacher's trajectories (`teacher.py`) are made once with the task's
+canvas sampler at `teacher_steps` (early stopping off; `consistency` draws near-greedily), cached in the run directory;
+the method (`methods.py`) turns them into the student's rows, `student_loss.py` is the loss. The run directory is the
+usual one (orbax checkpoints with exact resume of the data position, SIGINT/SIGTERM safe, a workdir lock,
+metrics.jsonl + TensorBoard, the task's evaluation every `train.eval_every` steps with the student's sampler); its
+config.json holds `sampler.num_steps = student_steps`, so `sample` and `evaluate` on it run the student as trained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from hackable_diffusion import builders, cli, run_config
+from hackable_diffusion.checkpoints import base_weights
+from hackable_diffusion.distill import methods as methods_lib
+from hackable_diffusion.distill.student_loss import StudentLoss
+from hackable_diffusion.distill.teacher import TeacherPool, build_pool
+from hackable_diffusion.models import lora as lora_lib
+from hackable_diffusion.models import partitioning
+from hackable_diffusion.training.workdir_lock import WorkdirLock
+
+DISTILL_KEYS = (
+    "method", "teacher_steps", "student_steps", "rest_weight", "pool_size", "batch_size", "greedy_temperature",
+    "self_condition_prob", "keep",
+)  # fmt: skip
+#: sections a student takes from its teacher's run (the layout and task the weights were trained in)
+INHERITED_SECTIONS = ("data", "diffusion", "sampler", "solver", "eval")
+
+
+def check_distill_config(config: ml_collections.ConfigDict) -> methods_lib.TrajectoryDistillation:
+    """The checks of `config.distill` that need no weights; returns the method. ValueError names the key."""
+    if "distill" not in config:
+        raise ValueError("the config has no distill section: build it with recipes.distill_sections.")
+    d = config.distill
+    unknown = sorted(set(d.keys()) - set(DISTILL_KEYS))
+    if unknown:
+        raise ValueError(f"unknown config.distill keys {unknown}; valid keys: {sorted(DISTILL_KEYS)}.")
+    methods_lib.student_grid(int(d.teacher_steps), int(d.student_steps))
+    if int(d.pool_size) < int(d.batch_size) or int(d.batch_size) < 1:
+        raise ValueError(
+            f"config.distill.batch_size={d.batch_size} must be >= 1 and <= pool_size={d.pool_size} (the teacher "
+            "trajectories the run draws its batches from)."
+        )
+    if d.get("keep", "all") not in ("all", "correct"):
+        raise ValueError(f"config.distill.keep={d.keep!r} must be 'all' or 'correct' (the teacher's successes).")
+    if not 0 < float(d.greedy_temperature) <= 0.1:
+        raise ValueError(f"config.distill.greedy_temperature={d.greedy_temperature} must lie in (0, 0.1].")
+    return methods_lib.build_method(str(d.method), int(d.student_steps), float(d.rest_weight))
+
+
+def resolve_config(config: ml_collections.ConfigDict, base: base_weights.Base) -> ml_collections.ConfigDict:
+    """The student run's config: the teacher's model shape; from a toolbox run also its data, diffusion, sampler,
+    solver and eval sections; the student's sampler at `student_steps`, the batch at `distill.batch_size`."""
+    import dataclasses
+
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.model = ml_collections.ConfigDict(dataclasses.asdict(base.model.cfg))
+        source = base.source_config
+        if source is not None:
+            for name in INHERITED_SECTIONS:
+                if name in source:
+                    config[name] = source[name]
+        config.data.batch_size = int(config.distill.batch_size)
+        config.sampler.num_steps = int(config.distill.student_steps)
+    return config
+
+
+def teacher_sampler(exp, config: ml_collections.ConfigDict, method):
+    """The task's canvas sampler at `teacher_steps`, early stopping off; near-greedy for a greedy-teacher method."""
+    from hackable_diffusion.sampling.early_stopping import NoEarlyStop
+    from hackable_diffusion.sampling.temperature import AnnealedTemperature
+
+    d = config.distill
+    own = getattr(exp.task, "canvas_sampler", None)
+    sampler = own(exp, config) if own is not None else builders.build_sampler(config, exp.process)
+    canvas = int(config.diffusion.canvas_len or 0)
+    overrides = dict(num_steps=int(d.teacher_steps), early_stopping=NoEarlyStop())
+    if canvas:
+        overrides["canvas_length"] = canvas
+    if method.greedy_teacher:
+        tau = float(d.greedy_temperature)
+        overrides["temperature"] = AnnealedTemperature(tau, tau)
+        overrides["score_temperature"] = sampler.score_temperature or 1.0  # rank by the model's own probabilities
+    return sampler.replace(**overrides)
+
+
+def run_distill(config: ml_collections.ConfigDict, workdir: str):
+    """Distils as `config` describes in `workdir` (rerunning resumes); returns the final TrainState. The workdir is
+    locked against a second writer meanwhile."""
+    with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        return _run_distill(config, workdir)
+
+
+def _run_distill(config: ml_collections.ConfigDict, workdir: str):
+    from hackable_diffusion import experiment as exp_lib
+    from hackable_diffusion.training import loop, sharding
+
+    method = check_distill_config(config)
+    base_weights.check_init(config)
+    if base_weights.init_kind(config) == "scratch":
+        raise ValueError("distillation needs a teacher: set config.init (--init_from toolbox:RUN or hf:DIR).")
+    path = exp_lib.workdir_path(workdir)
+    base = base_weights.load_base(config)
+    config = resolve_config(config, base)
+    exp_lib.check_config(config)
+    if jax.process_index() == 0:
+        run_config.save_config(config, path / "config.json")
+    base_weights.install_tokenizer(base, path)  # the teacher's own tokenizer folder: the ids its weights know
+    exp = exp_lib.build(config, workdir)
+    if exp.is_autoregressive or exp.process is None:
+        raise ValueError("distillation shortens a diffusion sampler; the teacher run is autoregressive.")
+    persistent = hasattr(exp.process, "mask_id")
+    method.check_process(persistent)
+    if not base_weights.has_checkpoints(path):  # the init table and init_report.json
+        base_weights.report_start(base, exp.model, config, path)
+
+    d = config.distill
+    sampler = teacher_sampler(exp, config, method)
+    teacher = jax.tree.map(jnp.asarray, base.params)
+    pool = build_pool(
+        model=exp.model,
+        params=teacher,
+        sampler=sampler,
+        prompt_batches=exp.task.train_iterator(exp, 0, 1),
+        canvas_len=int(config.diffusion.canvas_len or 0),
+        pool_size=int(d.pool_size),
+        seed=int(config.seed),
+        workdir=path,
+        meta={"teacher": base.source, "method_teacher_greedy": method.greedy_teacher},
+        keep_correct=d.get("keep", "all") == "correct",
+    )
+    stream = TeacherPool(
+        pool,
+        method,
+        batch_size=int(d.batch_size),
+        seed=int(config.seed),
+        mask_id=exp.process.mask_id if persistent else None,
+    )
+    objective = StudentLoss(
+        exp.model, self_condition_prob=float(d.self_condition_prob), null_signal=str(config.diffusion.null_signal)
+    )
+    adapter = builders.build_adapter(config)
+    if adapter is None:
+        init_fn = lambda key: teacher  # noqa: E731
+        loss_fn, axes_fn, mask = objective, partitioning.logical_axes, None
+        student = lambda params: params  # noqa: E731
+    else:
+        init_fn = functools.partial(lora_lib.init_state, adapter, base.params)
+        loss_fn = lora_lib.lora_loss_fn(adapter, objective)
+        mask, axes_fn = lora_lib.trainable_mask, lora_lib.logical_axes
+        merge = jax.jit(adapter.merge)
+        student = lambda params: merge(params[lora_lib.BASE_KEY], params[lora_lib.LORA_KEY])  # noqa: E731
+    task_eval = exp.task.eval_fn(exp, workdir)
+
+    def eval_fn(params, ema_params):
+        return task_eval(student(params), None if ema_params is None else student(ema_params))
+
+    if jax.process_index() == 0:
+        what = f"LoRA rank {adapter.rank}" if adapter else "full"
+        print(
+            f"Distillation ({method.name}) from {base.source}: {what}; teacher {d.teacher_steps} steps -> student "
+            f"{d.student_steps}; {len(pool['trajectory']):,} teacher trajectories, {d.batch_size} per step.",
+            flush=True,
+        )
+    return loop.train(
+        workdir=workdir,
+        init_fn=init_fn,
+        loss_fn=loss_fn,
+        train_iterator=stream,
+        loop=loop.LoopConfig.from_config(config.train, seed=config.seed),
+        optimizer_cfg=builders.optimizer_config(config),
+        mesh=sharding.make_mesh(config.mesh),
+        param_logical_axes_fn=axes_fn,
+        eval_fn=eval_fn if config.train.eval_every else None,
+        trainable_mask=mask,
+    )
+
+
+def define_flags(argv: list[str]):
+    return base_weights.define_command_flags(
+        argv,
+        "Distillation config file (configs/distill_*.py); override keys: --config.a.b=value.",
+        "Run directory: checkpoints, metrics, config.json (rerunning resumes).",
+    )
+
+
+def main(argv):
+    from absl import flags
+
+    del argv
+    FLAGS = flags.FLAGS
+    config = base_weights.config_from_command_flags(FLAGS, "configs/distill_shakespeare_masking.py")
+    cli.quiet_library_logs()
+    state = run_distill(config, FLAGS.workdir)
+    print(
+        f"Distillation done at step {int(state.step)}; evaluate with python -m hackable_diffusion.evaluate "
+        f"--workdir {FLAGS.workdir}",
+        flush=True,
+    )

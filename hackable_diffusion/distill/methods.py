@@ -1,0 +1,132 @@
+"""Few-step distillation methods: what a k-step student learns from one N-step teacher trajectory.
+
+A teacher trajectory is the canvas before the first step and after each of the teacher's N denoising steps,
+(N + 1, b, c). The student will denoise in k = N / m steps, so its step i starts where the teacher stood after i * m
+of its steps: state_i = trajectory[i * m], i = 0 .. k - 1. Each method turns a trajectory into k training rows per
+canvas: the state the student reads, a target token per position and a weight per position (0: not in the loss).
+The student's loss is the weighted cross-entropy of its one-pass logits at the state (`student_loss.py`).
+
+* `TrajectoryDistillation` follows Self-Distillation Through Time (SDTT; Deschenaux & Gulcehre, ICLR 2025) for masking
+  runs: one student step does what m teacher steps did. Targets are the tokens the teacher decided during its steps
+  i*m .. (i+1)*m - 1 (positions masked in state_i and decided in state_{i+1}), weight 1; every other position still
+  masked at state_i gets the teacher's final token with weight `rest_weight`. Deliberate differences: SDTT matches
+  the teacher's soft distribution after two of its steps and doubles the step size round by round; here the target
+  is the sampled token of the whole m-step span in one round (the teacher runs at its own temperature, so the targets
+  are draws from its joint, and their average over trajectories is its marginal).
+* `ConsistencyDistillation` follows the idea of DUO's discrete consistency distillation (Sahoo et al., ICML 2025):
+  with a deterministic teacher (tokens drawn near-greedily) the trajectory is a function of its start, so every
+  state along it should map to the same end: targets are the teacher's final tokens at every position the state has
+  not settled (masking: still masked; uniform: every free position), weight 1. Deliberate differences: DUO distils a
+  uniform-state model through its Gaussian-relaxed deterministic sampler; here the teacher is the toolbox's own
+  sampler at temperature ~0 and the method runs for masking and uniform runs alike (for masking runs the randomness
+  of the output then comes from the prompt alone: the steps frontier reports unigram/bigram entropy for that).
+
+Fixed positions (puzzle givens, infill context) never carry a target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from jaxtyping import Bool, Float, Int
+
+METHODS = ("trajectory", "consistency")
+
+
+def student_grid(num_teacher_steps: int, num_student_steps: int) -> int:
+    """m, the teacher steps per student step; ValueError unless the student's steps divide the teacher's."""
+    if num_student_steps < 1 or num_teacher_steps < num_student_steps or num_teacher_steps % num_student_steps:
+        raise ValueError(
+            f"config.distill.student_steps={num_student_steps} must divide config.distill.teacher_steps="
+            f"{num_teacher_steps} (the student's step i starts where the teacher stood after i * N / k steps)."
+        )
+    return num_teacher_steps // num_student_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class StudentRows:
+    """k training rows per canvas: states (b, k, c), targets (b, k, c), weights (b, k, c) float32."""
+
+    states: Int[np.ndarray, "b k c"]
+    targets: Int[np.ndarray, "b k c"]
+    weights: Float[np.ndarray, "b k c"]
+
+
+def _states(trajectory: np.ndarray, m: int, k: int) -> np.ndarray:
+    return np.stack([trajectory[i * m] for i in range(k)], axis=1)  # (b, k, c)
+
+
+def _check(trajectory: np.ndarray, fixed: np.ndarray) -> None:
+    if trajectory.ndim != 3 or fixed.shape != trajectory.shape[1:]:
+        raise ValueError(
+            f"trajectory must be (N + 1, b, c) and fixed (b, c); got {trajectory.shape} and {fixed.shape}."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectoryDistillation:
+    """SDTT-style (see the module docstring): student step i learns the tokens of teacher steps i*m .. (i+1)*m - 1."""
+
+    student_steps: int
+    rest_weight: float = 0.0
+    name = "trajectory"
+    greedy_teacher = False  # the teacher samples at its own temperature
+
+    def __post_init__(self):
+        if self.rest_weight < 0:
+            raise ValueError(f"config.distill.rest_weight={self.rest_weight} must be >= 0.")
+
+    def check_process(self, persistent: bool) -> None:
+        if not persistent:
+            raise ValueError(
+                "config.distill.method='trajectory' needs a masking run (decided tokens stay decided); a uniform run "
+                "re-noises every undecided position each step: use method='consistency'."
+            )
+
+    def __call__(
+        self, trajectory: Int[np.ndarray, "n1 b c"], fixed: Bool[np.ndarray, "b c"], mask_id: int
+    ) -> StudentRows:
+        _check(trajectory, fixed)
+        k = self.student_steps
+        m = student_grid(trajectory.shape[0] - 1, k)
+        states = _states(trajectory, m, k)
+        after = np.stack([trajectory[(i + 1) * m] for i in range(k)], axis=1)
+        final = np.broadcast_to(trajectory[-1][:, None], states.shape)
+        open_ = (states == mask_id) & ~fixed[:, None]
+        decided = open_ & (after != mask_id)
+        targets = np.where(decided, after, final)
+        weights = np.where(decided, 1.0, np.where(open_, self.rest_weight, 0.0)).astype(np.float32)
+        return StudentRows(states.astype(np.int32), targets.astype(np.int32), weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsistencyDistillation:
+    """DUO-style consistency (see the module docstring): every state of a greedy trajectory maps to its end."""
+
+    student_steps: int
+    name = "consistency"
+    greedy_teacher = True
+
+    def check_process(self, persistent: bool) -> None:
+        del persistent  # both processes
+
+    def __call__(
+        self, trajectory: Int[np.ndarray, "n1 b c"], fixed: Bool[np.ndarray, "b c"], mask_id: int | None
+    ) -> StudentRows:
+        _check(trajectory, fixed)
+        k = self.student_steps
+        m = student_grid(trajectory.shape[0] - 1, k)
+        states = _states(trajectory, m, k)
+        final = np.broadcast_to(trajectory[-1][:, None], states.shape)
+        free = ~np.broadcast_to(fixed[:, None], states.shape)
+        open_ = free if mask_id is None else free & (states == mask_id)
+        return StudentRows(states.astype(np.int32), final.astype(np.int32), open_.astype(np.float32))
+
+
+def build_method(name: str, student_steps: int, rest_weight: float = 0.0):
+    if name == "trajectory":
+        return TrajectoryDistillation(student_steps, rest_weight)
+    if name == "consistency":
+        return ConsistencyDistillation(student_steps)
+    raise ValueError(f"config.distill.method={name!r} must be one of {METHODS}.")

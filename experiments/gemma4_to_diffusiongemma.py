@@ -13,8 +13,11 @@
    over an 8-token canvas against the prompt's KV cache (null self-conditioning signal).
 4. When `transformers` is installed (not a dependency: `pip install transformers==5.23.0 torch safetensors`),
    `experiments/make_hf_fixtures.py --verify_export` loads the directory with `DiffusionGemmaForBlockDiffusion` and
-   compares. Prints and writes one JSON line: the init table's counts, the losses at the first and last step, and
-   the largest logit differences.
+   compares.
+5. `python -m hackable_diffusion.sample --workdir hf:DIR` samples from the exported directory (its tokenizer is the
+   checkpoint's own, carried over by `convert`).
+Prints and writes one JSON line: the init table's counts, the losses at the first and last step, the largest logit
+differences and the sample.
 """
 
 from __future__ import annotations
@@ -114,6 +117,14 @@ def main() -> None:
     else:
         last = (check.stderr.strip().splitlines() or ["?"])[-1]
         result["verify_export"] = f"not run: {last} (install transformers==5.23.0 torch safetensors, or --python)"
+    sample = subprocess.run(
+        [sys.executable, "-m", "hackable_diffusion.sample", "--workdir", f"hf:{exported}", "--prompt", "ROMEO:",
+         "--max_new_tokens", "16", "--seed", "0"],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    lines = [line for line in sample.stdout.strip().splitlines() if line.strip()]
+    result["sample_hf_dir"] = lines[-1] if sample.returncode == 0 and lines else f"failed: {sample.stderr[-300:]}"
     result["command"] = cli.argparse_command("experiments/gemma4_to_diffusiongemma.py", args)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

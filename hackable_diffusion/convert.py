@@ -115,7 +115,27 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
 
         params = jax.tree.map(lambda x: np.asarray(x).astype(resolve_dtype(dtype)), params)
     canvas = int(config.diffusion.get("canvas_len") or config.sampler.get("canvas_len") or 256)
-    return cfg, params, {"canvas_length": canvas, "sampler": config.sampler.to_dict()}
+    extras = {"canvas_length": canvas, "sampler": config.sampler.to_dict(), **run_tokenizer_file(path)}
+    init = config.get("init") or {}
+    if init.get("kind") == "hf" and init.get("checkpoint") and pathlib.Path(init.checkpoint).is_dir():
+        extras["source"] = pathlib.Path(init.checkpoint)  # its vision tensors, generation and tokenizer files
+    return cfg, params, extras
+
+
+def run_tokenizer_file(run: pathlib.Path) -> dict:
+    """{"tokenizer_file": FILE} when the run tokenizes with a Hugging Face checkpoint's own tokenizer (kind
+    "pretrained": a tokenizers JSON or a SentencePiece model), which an exported directory must carry; else {}."""
+    import json
+
+    from hackable_diffusion.data import tokenizers as tok_lib
+
+    described = run / "tokenizer" / tok_lib.CONFIG_FILE
+    if not described.is_file():
+        return {}
+    saved = json.loads(described.read_text())
+    if saved.get("kind") != tok_lib.PretrainedTokenizer.kind or not saved.get("model_file"):
+        return {}
+    return {"tokenizer_file": run / "tokenizer" / saved["model_file"]}
 
 
 def convert(
@@ -155,6 +175,12 @@ def convert(
             source=extras.get("source"),
             overwrite=True,  # checked above, before the source was read
         )
+        tokenizer = extras.get("tokenizer_file")
+        if tokenizer is not None and not any((dst / n).exists() for n in hf_ckpt.TOKENIZER_FILES):
+            import shutil
+
+            name = "tokenizer.json" if pathlib.Path(tokenizer).suffix == ".json" else "tokenizer.model"
+            shutil.copyfile(tokenizer, dst / name)  # the run's own tokenizer, so that hf:DIR samples as the run did
     return {"from": str(src), "from_format": fmt, "to": str(dst), "to_format": to_format, "layers": cfg.num_layers}
 
 

@@ -145,3 +145,18 @@ def test_generation_config_is_meaningful_or_absent(tmp_path):
     source = {"max_denoising_steps": 20, "t_min": None}
     from_source = hf_config.generation_config(H.DIFFUSION_GEMMA, source=source, source_model_type=H.DIFFUSION_GEMMA)
     assert from_source["max_denoising_steps"] == 20 and "t_min" not in from_source
+
+
+def test_a_run_with_a_checkpoints_own_tokenizer_exports_it(tmp_path):
+    """A run that tokenizes with a Hugging Face checkpoint's tokenizer (kind "pretrained") names that file for the
+    export, so `sample --workdir hf:DIR` finds it; a run with the toolbox's own tokenizer names none."""
+    from hackable_diffusion.convert import run_tokenizer_file
+    from hackable_diffusion.data import tokenizers as tok_lib
+
+    run = tmp_path / "run"
+    tok_lib.PretrainedTokenizer(G4 / "tokenizer.json").save(run / "tokenizer")
+    found = run_tokenizer_file(run)["tokenizer_file"]
+    assert found.read_bytes() == (G4 / "tokenizer.json").read_bytes()
+    char = tmp_path / "char"
+    tok_lib.CharTokenizer.fit("abc").save(char / "tokenizer")
+    assert run_tokenizer_file(char) == {} and run_tokenizer_file(tmp_path / "none") == {}

@@ -11,6 +11,7 @@ own sampler at S steps per canvas (early stopping off, so every canvas takes exa
   * unigram and bigram entropy of the continuations in bits (a collapsed few-step student can score a low perplexity
     with repetitive text; its entropies fall),
   * tokens/s at batch `--num_prompts` (a compiling call first, then a timed one; other jobs on the machine change it).
+`--config.sampler.<key>=value` arguments change the students' samplers (e.g. their temperature), not the teacher's.
 The AR run's own samples are one more row (its temperature, one pass per token). Writes FILE.jsonl (one row per
 model and budget), FILE.png (gen. perplexity and entropies against steps per canvas) and prints one JSON line with
 the gen. perplexity of each model at each budget.
@@ -123,7 +124,7 @@ def main() -> None:
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="results/text/steps_frontier")
-    args = parser.parse_args()
+    args, overrides = parser.parse_known_args()
 
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.checkpoints import toolbox
@@ -141,10 +142,12 @@ def main() -> None:
     teacher_exp = exp_lib.from_workdir(args.teacher)
     prompts = prompts_from(teacher_exp, args.num_prompts, args.prompt_len, args.seed)
     rows = []
-    command = cli.argparse_command("experiments/steps_frontier.py", args)
+    command = " ".join([cli.argparse_command("experiments/steps_frontier.py", args), *overrides])
     for run, label in runs:
         exp = exp_lib.from_workdir(run)
         params, step = toolbox.load_params(exp, run)
+        if label != "teacher" and overrides:
+            exp = dataclasses.replace(exp, config=cli.parse_config_overrides(exp.config, overrides))
         for steps in budgets:
             started = time.perf_counter()
             out = measure(with_steps(exp, steps), params, prompts, args.new_tokens, ar, ar_params, args.seed)

@@ -5,7 +5,8 @@
 The teacher is the run `config.init` names (`--init_from toolbox:RUN|hf:DIR|params:DIR|gemma:DIR`), frozen; the
 student starts as a copy of it (full, or LoRA adapters on it with `lora.rank > 0`, then the teacher is the LoRA-off
 model and no second copy is held). From a toolbox run the student inherits the run's task, data, model shape,
-diffusion recipe, sampler and solver sections (the layout the weights were trained in); `distill.batch_size` canvases
+diffusion recipe, sampler and solver sections (the layout the weights were trained in; `--config.<key>=value` on the
+command line still applies to them); `distill.batch_size` canvases
 per step, each giving `student_steps` rows. The teacher's trajectories (`teacher.py`) are made once with the task's
 canvas sampler at `teacher_steps` (early stopping off; `consistency` draws near-greedily), cached in the run directory;
 the method (`methods.py`) turns them into the student's rows, `student_loss.py` is the loss. The run directory is the
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -61,9 +64,12 @@ def check_distill_config(config: ml_collections.ConfigDict) -> methods_lib.Traje
     return methods_lib.build_method(str(d.method), int(d.student_steps), float(d.rest_weight))
 
 
-def resolve_config(config: ml_collections.ConfigDict, base: base_weights.Base) -> ml_collections.ConfigDict:
+def resolve_config(
+    config: ml_collections.ConfigDict, base: base_weights.Base, overrides: Sequence[str] = ()
+) -> ml_collections.ConfigDict:
     """The student run's config: the teacher's model shape; from a toolbox run also its data, diffusion, sampler,
-    solver and eval sections; the student's sampler at `student_steps`, the batch at `distill.batch_size`."""
+    solver and eval sections, then the command line's `--config.a.b=value` `overrides` again (they may change what
+    was inherited); the student's sampler at `student_steps`, the batch at `distill.batch_size`."""
     import dataclasses
 
     config = config.copy_and_resolve_references()
@@ -74,6 +80,9 @@ def resolve_config(config: ml_collections.ConfigDict, base: base_weights.Base) -
             for name in INHERITED_SECTIONS:
                 if name in source:
                     config[name] = source[name]
+    if overrides:
+        config = cli.parse_config_overrides(config, list(overrides))
+    with config.unlocked():
         config.data.batch_size = int(config.distill.batch_size)
         config.sampler.num_steps = int(config.distill.student_steps)
     return config
@@ -98,14 +107,15 @@ def teacher_sampler(exp, config: ml_collections.ConfigDict, method):
     return sampler.replace(**overrides)
 
 
-def run_distill(config: ml_collections.ConfigDict, workdir: str):
-    """Distils as `config` describes in `workdir` (rerunning resumes); returns the final TrainState. The workdir is
-    locked against a second writer meanwhile."""
+def run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Sequence[str] = ()):
+    """Distils as `config` describes in `workdir` (rerunning resumes); returns the final TrainState. `overrides`
+    (`--config.a.b=value` arguments) are applied again after the teacher's sections are inherited, so that a command
+    line can change the inherited sampler or solver. The workdir is locked against a second writer meanwhile."""
     with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
-        return _run_distill(config, workdir)
+        return _run_distill(config, workdir, overrides)
 
 
-def _run_distill(config: ml_collections.ConfigDict, workdir: str):
+def _run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Sequence[str] = ()):
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.training import loop, sharding
 
@@ -115,7 +125,7 @@ def _run_distill(config: ml_collections.ConfigDict, workdir: str):
         raise ValueError("distillation needs a teacher: set config.init (--init_from toolbox:RUN or hf:DIR).")
     path = exp_lib.workdir_path(workdir)
     base = base_weights.load_base(config)
-    config = resolve_config(config, base)
+    config = resolve_config(config, base, overrides)
     exp_lib.check_config(config)
     if jax.process_index() == 0:
         run_config.save_config(config, path / "config.json")
@@ -205,7 +215,7 @@ def main(argv):
     FLAGS = flags.FLAGS
     config = base_weights.config_from_command_flags(FLAGS, "configs/distill_shakespeare_masking.py")
     cli.quiet_library_logs()
-    state = run_distill(config, FLAGS.workdir)
+    state = run_distill(config, FLAGS.workdir, overrides=[a for a in sys.argv[1:] if a.startswith("--config.")])
     print(
         f"Distillation done at step {int(state.step)}; evaluate with python -m hackable_diffusion.evaluate "
         f"--workdir {FLAGS.workdir}",

@@ -306,3 +306,17 @@ def test_keep_correct_keeps_only_the_trajectories_that_end_on_the_rows_canvas():
     np.testing.assert_array_equal(pool["trajectory"][:, -1], np.concatenate([ends[::2], ends[::2]]))
     with pytest.raises(ValueError, match="out of reach"):
         build_pool(prompt_batches=batches(wrong), pool_size=4, keep_correct=True, max_batches=3, **common)
+
+
+def test_command_line_overrides_apply_after_the_teachers_sections_are_inherited():
+    from hackable_diffusion.checkpoints import base_weights
+
+    teacher = recipes.text_config("shakespeare", "masking", seq_len=48, canvas_len=16)
+    teacher.sampler.min_temperature = teacher.sampler.max_temperature = 0.3
+    model, params = tiny_model()
+    base = base_weights.Base(model=model, tokenizer=None, params=params, source="toolbox:t", source_config=teacher)
+    config = distill_config("unused")
+    resolved = command.resolve_config(config, base, ["--config.sampler.max_temperature=0.9"])
+    assert resolved.data.seq_len == 48 and resolved.diffusion.canvas_len == 16  # the teacher's layout
+    assert resolved.sampler.min_temperature == 0.3 and resolved.sampler.max_temperature == 0.9
+    assert resolved.sampler.num_steps == 2 and resolved.data.batch_size == 8  # the student's budget and batch

@@ -66,6 +66,19 @@ def define_config_file_flag(argv: Sequence[str], help_text: str) -> list[str]:
     return remaining
 
 
+def define_command_flags(argv: Sequence[str], config_help: str, workdir_help: str) -> list[str]:
+    """The flags of a command that trains from weights (sft, rl, distill): --config (a file, with --config.a.b=value
+    overrides), --init_from and --workdir; returns argv as `define_config_file_flag` leaves it."""
+    from absl import flags
+
+    from hackable_diffusion.checkpoints import base_weights
+
+    argv = define_config_file_flag(argv, config_help)
+    base_weights.define_init_from_flag()
+    flags.DEFINE_string("workdir", None, workdir_help)
+    return argv
+
+
 def without_flag(argv: Sequence[str], name: str) -> list[str]:
     """argv without `--name=V` / `--name V` (its `--name.<path>=...` overrides stay)."""
     out, skip = [], False

@@ -160,7 +160,7 @@ def write_outputs(config: ml_collections.ConfigDict, path, fused: Any, lora: Any
 def define_flags(argv: list[str]):
     from absl import flags
 
-    argv = base_weights.define_command_flags(
+    argv = cli.define_command_flags(
         argv,
         "SFT config file (configs/sft_*.py); override keys: --config.a.b=value.",
         "Run directory: checkpoints, fused_params, metrics, tokenizer.",

@@ -472,19 +472,6 @@ def save_fine_tuning_files(config: ml_collections.ConfigDict, base: Base, workdi
         base.tokenizer.save(path / "tokenizer", metadata={"source": base.source})
 
 
-def define_command_flags(argv: list[str], config_help: str, workdir_help: str) -> list[str]:
-    """The flags of a command that trains from weights (sft, rl, distill): --config (a file, with --config.a.b=value
-    overrides), --init_from and --workdir; returns argv as `cli.define_config_file_flag` leaves it."""
-    from absl import flags
-
-    from hackable_diffusion import cli
-
-    argv = cli.define_config_file_flag(argv, config_help)
-    define_init_from_flag()
-    flags.DEFINE_string("workdir", None, workdir_help)
-    return argv
-
-
 def config_from_command_flags(flag_values, example: str) -> ml_collections.ConfigDict:
     """The `--config` of a fine-tuning command (sft, rl) after its usage checks, with `--init_from` applied, printed."""
     from absl import app

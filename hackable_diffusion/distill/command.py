@@ -201,7 +201,7 @@ def _run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Seq
 
 
 def define_flags(argv: list[str]):
-    return base_weights.define_command_flags(
+    return cli.define_command_flags(
         argv,
         "Distillation config file (configs/distill_*.py); override keys: --config.a.b=value.",
         "Run directory: checkpoints, metrics, config.json (rerunning resumes).",

@@ -298,7 +298,7 @@ def _run_rl(config: ml_collections.ConfigDict, workdir: str):
 
 
 def define_flags(argv: list[str]):
-    return base_weights.define_command_flags(
+    return cli.define_command_flags(
         argv,
         "RL config file (configs/rl_*.py); override keys: --config.a.b=value.",
         "Run directory: checkpoints, metrics, config.json (rerunning resumes).",

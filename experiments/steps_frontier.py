@@ -42,12 +42,14 @@ def bigram_entropy_bits(sequences: list[list[int]]) -> float:
 
 
 def prompts_from(exp, num: int, length: int, seed: int) -> list[str]:
+    from hackable_diffusion.data.tokenizers import SPECIAL_IDS
+
     rows = exp.data.eval_sequences
     rng = np.random.default_rng(seed)
     chosen = rng.choice(len(rows), size=num, replace=len(rows) < num)
     out = []
     for i in chosen:
-        ids = [int(t) for t in rows[i][:length] if t > 3]  # the special ids (PAD, BOS, EOS, MASK) dropped
+        ids = [int(t) for t in rows[i][:length] if int(t) not in SPECIAL_IDS]
         out.append(exp.tokenizer.decode(ids))
     return out
 

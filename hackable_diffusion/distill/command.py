@@ -43,7 +43,9 @@ DISTILL_KEYS = (
 INHERITED_SECTIONS = ("data", "diffusion", "sampler", "solver", "eval")
 
 
-def check_distill_config(config: ml_collections.ConfigDict) -> methods_lib.TrajectoryDistillation:
+def check_distill_config(
+    config: ml_collections.ConfigDict,
+) -> methods_lib.TrajectoryDistillation | methods_lib.ConsistencyDistillation:
     """The checks of `config.distill` that need no weights; returns the method. ValueError names the key."""
     if "distill" not in config:
         raise ValueError("the config has no distill section: build it with recipes.distill_sections.")

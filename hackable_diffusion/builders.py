@@ -89,9 +89,15 @@ def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, pro
         self_condition_prob=d.self_condition_prob,
         null_signal=d.null_signal,
     )
+    shift = bool(d.get("token_shift", False))  # configs saved before the key existed have no token shift
     if d.objective == "pretrain":
         return obj_lib.DiffusionPretrainObjective(
-            model, process, canvas_len=d.canvas_len or None, adaptation=adaptation, **common
+            model, process, canvas_len=d.canvas_len or None, adaptation=adaptation, token_shift=shift, **common
+        )
+    if shift:
+        raise ValueError(
+            "config.diffusion.token_shift is implemented for diffusion pretraining (objective='pretrain'); "
+            f"objective={d.objective!r} does not take it. Set diffusion.token_shift=False."
         )
     return obj_lib.CanvasSFTObjective(model, process, canvas_len=d.canvas_len, **common)
 
@@ -166,6 +172,7 @@ def build_sampler(
         vocab_chunk=s.get("vocab_chunk", 0),  # 0 = whole-vocabulary arrays; N = scan the vocabulary in chunks of N
         constraint=constraint,
         views=views,
+        token_shift=bool(config.diffusion.get("token_shift", False)),  # the model's training decides it
     )
     return sampler.replace(**overrides) if overrides else sampler
 

@@ -99,6 +99,12 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
     from hackable_diffusion.checkpoints import toolbox
 
     config = run_config.load_saved_config(str(path))
+    if config.diffusion.get("token_shift", False):
+        raise ValueError(
+            f"{path} was trained with diffusion.token_shift (each position read from the logits to its left); Gemma "
+            "and DiffusionGemma checkpoints read every position's own logits, so the export would sample wrongly. "
+            "Sample it with this toolbox (python -m hackable_diffusion.sample --workdir RUN)."
+        )
     cfg = TransformerConfig.from_dict(config.model.to_dict())
     if (path / toolbox.FUSED_DIR).is_dir():  # an SFT run: its fused weights
         params = toolbox.load_params_directory(path / toolbox.FUSED_DIR)

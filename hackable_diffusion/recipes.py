@@ -147,6 +147,7 @@ def base_config() -> ml_collections.ConfigDict:
             null_signal="zeros",
             token_reweight_alpha=1.0,  # masked_ce only: each masked position's CE times alpha (1 - p)^gamma (MGDM)
             token_reweight_gamma=0.0,  # 0 with alpha 1: plain masked_ce
+            token_shift=False,  # True: position i predicted from the logits at i - 1 (diffusion/token_shift.py)
         )
     )
     c.optimizer = ml_collections.ConfigDict(

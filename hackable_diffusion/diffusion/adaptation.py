@@ -17,15 +17,16 @@ see the target model). They are gathered in `Adaptation` and applied by `objecti
   decoder's attention every entry the diffusion mask allows beyond the causal one (a key after the query, in its own
   canvas) is enabled with probability p(step), rising linearly from 0 at `begin` to 1 at `end`, drawn independently
   per example and entry. At p=0 the decoder's mask is causal, at p=1 it is exactly the diffusion mask. DiffuLLaMA
-  anneals together with a token shift (its predictions read the previous position's logits); this toolbox has no
-  token shift, so during annealing position i predicts its own token from the noisy tokens up to i.
+  anneals together with a token shift (its predictions read the previous position's logits): with
+  `diffusion.token_shift` (token_shift.py) the decoder at p=0 is the AR model run on the noisy tokens; without it,
+  position i predicts its own token from the noisy tokens up to i.
 * `ArLossDecay` — the weight of the encoder's next-token (AR) loss added to the diffusion loss, moving linearly from
   `start` to `end` over `[begin, end_step]`; it replaces `diffusion.encoder_ar_weight` (DiffusionGemma's recipe keeps
   a constant weight of 1: `ArLossDecay(2.0, 1.0, ...)` decays into it, `ArLossDecay(1.0, 0.0, ...)` into plain
   block diffusion). It reuses the encoder pass of block diffusion, so it costs no extra forward pass.
 
-Not here: Fast-dLLM v2's token shift (position i predicted from the logits at i - 1, arXiv 2509.26328), which would
-need the sampler to keep the last committed token's logits.
+Fast-dLLM v2's token shift (position i predicted from the logits at i - 1, arXiv 2509.26328) is not a schedule but a
+change of what the output head means, shared by training and sampling: `diffusion.token_shift`, token_shift.py.
 """
 
 from __future__ import annotations

@@ -28,7 +28,10 @@ The network never receives t, as in DiffusionGemma.
 Adapting an AR model (`adaptation`, `diffusion.adaptation`): `DiffusionPretrainObjective(adaptation=...)` takes the
 training step (`uses_step`; `train_state.make_train_step` passes it) and applies a canvas-size curriculum, decoder
 mask annealing and a scheduled encoder AR-loss weight; without a step (evaluation, the ELBO) it is the target
-objective. The schedule values are logged as `adapt_*` metrics.
+objective. The schedule values are logged as `adapt_*` metrics. `token_shift=True` reads each position's prediction
+from the logits one position to its left (Fast-dLLM v2; diffusion/token_shift.py), the canvas start from the
+encoder's logits of the token before it, so an adapted AR model keeps what its head means; the sampler must then be
+built with `token_shift=True` too (`diffusion.token_shift` sets both).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from hackable_diffusion.diffusion import elbos
+from hackable_diffusion.diffusion import token_shift as shift_lib
 from hackable_diffusion.diffusion.adaptation import Adaptation, MaskAnnealing
 from hackable_diffusion.diffusion.processes import NoiseProcess
 from hackable_diffusion.diffusion.schedules import UniformTimeSampler
@@ -87,12 +91,18 @@ class DiffusionPretrainObjective:
     self_condition_prob: float = 0.0
     null_signal: str = "zeros"
     adaptation: Adaptation | None = None  # schedules over the training step (adapting an AR model)
+    token_shift: bool = False  # position i is predicted from the logits at i - 1 (diffusion/token_shift.py)
 
     def __post_init__(self):
         self.loss.check(self.process)
         if self.canvas_len is None and self.encoder_ar_weight:
             raise ValueError(
                 "encoder_ar_weight needs block diffusion (canvas_len): one-canvas training has no encoder."
+            )
+        if self.token_shift and self.self_condition_prob > 0:
+            raise ValueError(
+                "token_shift with self-conditioning: the fed-back signal is per position and unshifted; set "
+                "diffusion.self_condition_prob=0 or diffusion.token_shift=False."
             )
         a = self.adaptation
         if a is None:
@@ -182,6 +192,8 @@ class DiffusionPretrainObjective:
         b, l = x0.shape
         t = self.time_sampler(t_key, b)
         loss_mask = token_mask & ~fixed
+        if self.token_shift:  # the first token has no token before it: it stays clean, as context
+            loss_mask = loss_mask & shift_lib.first_scored(l)[None]
         xt, _ = self.process.corrupt(noise_key, x0, t, fixed=~loss_mask)
 
         mask = None if anneal is None else MaskAnnealing.mask(T.bidirectional_mask(token_mask), *anneal)
@@ -192,6 +204,8 @@ class DiffusionPretrainObjective:
         logits, aux = _decoder_with_self_conditioning(
             self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
         )
+        if self.token_shift:
+            logits = shift_lib.shift_sequence_logits(logits, None, l)
         train, elbo = _diffusion_loss(self.loss, self.process, logits, x0, xt, t, loss_mask)
         return dict(train=train, elbo=elbo, scored=jnp.sum(loss_mask, axis=-1), aux=aux)
 
@@ -207,7 +221,10 @@ class DiffusionPretrainObjective:
 
         # One time per (example, canvas), as BD3-LM; each canvas is corrupted on its own.
         t = self.time_sampler(t_key, b * n)
-        x0_c, mask_c = x0.reshape(b * n, c), (token_mask & ~fixed).reshape(b * n, c)
+        scored = token_mask & ~fixed
+        if self.token_shift:  # the first token has no token before it: it stays clean, as context
+            scored = scored & shift_lib.first_scored(l)[None]
+        x0_c, mask_c = x0.reshape(b * n, c), scored.reshape(b * n, c)
         xt_c, _ = self.process.corrupt(noise_key, x0_c, t, fixed=~mask_c)
         xt = xt_c.reshape(b, l)
 
@@ -234,6 +251,8 @@ class DiffusionPretrainObjective:
         logits, aux = _decoder_with_self_conditioning(
             self.model, params, run, (b, l), sc_key, self.self_condition_prob, self.null_signal
         )
+        if self.token_shift:  # a canvas start reads the encoder's logits of the clean token before it
+            logits = shift_lib.shift_sequence_logits(logits, enc_logits, c)
         train, elbo = _diffusion_loss(self.loss, self.process, logits.reshape(b * n, c, -1), x0_c, xt_c, t, mask_c)
         ar, _ = elbos.autoregressive_cross_entropy(enc_logits, x0, token_mask)
         return dict(train=train, elbo=elbo, scored=jnp.sum(mask_c, axis=-1), aux=aux, encoder_ar=ar)

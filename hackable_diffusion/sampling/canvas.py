@@ -56,6 +56,7 @@ import numpy as np
 from jax.experimental import io_callback
 from jaxtyping import Array, Bool, Float, Int
 
+from hackable_diffusion.diffusion import token_shift as shift_lib
 from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.models import transformer as T
@@ -97,6 +98,10 @@ class DiffusionSampler:
       candidates for the same keys, scores and self-conditioning equal to float32 rounding. Needs a selection rule and
       early stopping that read the logits only through entropies, confidences, margins and argmaxes (`chunkable()`,
       every built-in one), no `views`, and with `BlockedInverseCdf` a multiple of its block.
+    token_shift: the model was trained with the token shift (diffusion/token_shift.py, `diffusion.token_shift`):
+      position j of the canvas reads the model's logits at j - 1 and position 0 the logits of the last real token
+      before the canvas, which `denoise_canvas` then needs (`before_logits`; `generate` keeps them). Not with `views`
+      or self-conditioning.
     """
 
     process: NoiseProcess
@@ -114,6 +119,7 @@ class DiffusionSampler:
     views: PermutationViews | None = None
     draw: GumbelMax | BlockedInverseCdf = GumbelMax()
     vocab_chunk: int = 0
+    token_shift: bool = False
 
     def __post_init__(self):
         checks = (
@@ -162,6 +168,11 @@ class DiffusionSampler:
             raise ValueError(
                 f"DiffusionSampler.score_temperature must be None (score the sampling distribution) or > 0, got "
                 f"{self.score_temperature!r}."
+            )
+        if self.token_shift and self.views is not None:
+            raise ValueError(
+                "DiffusionSampler.token_shift reads each position's logits from its left neighbour; relabelled views "
+                "(a grid puzzle solved in place) have no such order. Use views=None or token_shift=False."
             )
         self._check_vocab_chunk()
 
@@ -316,6 +327,7 @@ def _denoise(
     sampler: DiffusionSampler,
     return_trajectory: bool,
     on_step: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+    before_logits: Float[Array, "b v"] | None = None,
 ) -> CanvasResult:
     b, c = canvas.shape
     num_steps = sampler.num_steps
@@ -326,6 +338,17 @@ def _denoise(
     has_sc = model.cfg.self_conditioning
     use_sc = sampler.uses_self_conditioning(model)
     null_sc = T.model_method(model, params, "null_sc_signal", (b, c), kind=sampler.null_signal) if has_sc else None
+    if sampler.token_shift:
+        if use_sc:
+            raise ValueError(
+                "DiffusionSampler.token_shift: a self-conditioning signal is fed back per position, unshifted; sample "
+                "a token-shift model with self_conditioning=False."
+            )
+        if before_logits is None:
+            raise ValueError(
+                "DiffusionSampler.token_shift needs the logits of the last real token before the canvas "
+                "(before_logits, (batch, vocab)): the canvas's first position reads them. generate() keeps them."
+            )
     if sampler.views is not None:
         if use_sc:
             raise ValueError(
@@ -342,6 +365,8 @@ def _denoise(
         info = StepInfo.at(step, num_steps, process.schedule, free, persistent)
         if sampler.views is None:
             logits = canvas_logits(model, params, cache, old, state.get("sc"))
+            if sampler.token_shift:  # position j reads the logits at j - 1 (diffusion/token_shift.py)
+                logits = shift_lib.shift_canvas_logits(logits, before_logits)
         else:  # the mean log-probabilities of K relabelled copies, one batched call (views.py)
             logits = sampler.views(lambda v: canvas_logits(model, params, view_cache, v, None), old)
         excluded = None
@@ -482,6 +507,7 @@ def denoise_canvas(
     active: Bool[Array, "b"] | None = None,
     return_trajectory: bool = False,
     on_step: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+    before_logits: Float[Array, "b v"] | None = None,
 ) -> CanvasResult:
     """Denoises `canvas_init` (its free positions are the starting noise, its fixed positions the given tokens).
 
@@ -491,6 +517,8 @@ def denoise_canvas(
     on_step: called on the host after every step with (step number from 1, the (b, c) canvas, the (b,) rows that ran
       this step), in order, while the loop runs (an ordered `io_callback`: one host round trip per step). It must be
       hashable (it is a static argument: a module-level function or a bound method compiles once); it changes no value.
+    before_logits: (b, v) the logits of each row's last real token before the canvas; needed by a
+      `sampler.token_shift` sampler only.
     """
     canvas_init = jnp.asarray(canvas_init, jnp.int32)
     if canvas_init.ndim != 2 or canvas_init.shape[1] < 1:
@@ -521,4 +549,5 @@ def denoise_canvas(
         sampler=sampler,
         return_trajectory=return_trajectory,
         on_step=on_step,
+        before_logits=before_logits,
     )

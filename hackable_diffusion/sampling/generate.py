@@ -47,6 +47,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from hackable_diffusion.data.tokenizers import EOS_ID, PAD_ID
+from hackable_diffusion.diffusion import token_shift as shift_lib
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import KVCache, init_cache
 from hackable_diffusion.sampling.canvas import DiffusionSampler, _denoise, denoise_canvas, row_keys
@@ -151,8 +152,28 @@ def commit_canvas(model: T.Transformer, params: Any, cache: KVCache, canvas: Int
     return T.append(model, params, canvas, cache, token_mask=canvas != PAD_ID)[1]
 
 
+@functools.partial(jax.jit, static_argnames=("model",))
+def commit_canvas_keeping_logits(
+    model: T.Transformer, params: Any, cache: KVCache, canvas: Int[Array, "b c"], before: Float[Array, "b v"]
+) -> tuple[KVCache, Float[Array, "b v"]]:
+    """`commit_canvas`, and the logits of each row's last real token of the canvas (`before` for an all-PAD row):
+    what the next canvas's first position reads under the token shift (diffusion/token_shift.py)."""
+    mask = canvas != PAD_ID
+    logits, cache = T.append(model, params, canvas, cache, token_mask=mask)
+    return cache, shift_lib.last_real_logits(logits, mask, before)
+
+
+def _commit(model, params, cache, canvas, before, shift: bool):
+    """Commits a canvas; under the token shift also the logits the next canvas starts from (else `before`, None)."""
+    if shift:
+        return commit_canvas_keeping_logits(model, params, cache, canvas, before)
+    return commit_canvas(model, params, cache, canvas), before
+
+
 @functools.partial(jax.jit, static_argnames=("model", "sampler", "num_canvases"), donate_argnames=("cache",))
-def _canvases_on_device(model, params, cache, keys, fixed_all, given_all, stop, *, sampler, num_canvases):
+def _canvases_on_device(
+    model, params, cache, keys, fixed_all, given_all, stop, before_logits, *, sampler, num_canvases
+):
     """The loop over canvases as one compiled `lax.while_loop` (no host sync between canvases): each iteration is the
     host loop's body (start, denoise, truncate, commit), and it ends when every row has stopped or all are done."""
     b = keys.shape[0]
@@ -176,16 +197,21 @@ def _canvases_on_device(model, params, cache, keys, fixed_all, given_all, stop, 
             active,
             sampler=sampler,
             return_trajectory=False,
+            before_logits=state.get("before"),
         )
         canvas, stopped = truncate_at_stop(result.canvas, stop, active)
-        return dict(
+        cache, before = _commit(model, params, state["cache"], canvas, state.get("before"), sampler.token_shift)
+        new_state = dict(
             index=index + 1,
             active=active & ~stopped,
-            cache=commit_canvas(model, params, state["cache"], canvas),
+            cache=cache,
             tokens=jax.lax.dynamic_update_slice_in_dim(state["tokens"], canvas, index * c, axis=1),
             steps=state["steps"].at[:, index].set(result.steps),
             passes=state["passes"] + result.forward_passes + 1,
         )
+        if before is not None:
+            new_state["before"] = before
+        return new_state
 
     state = dict(
         index=jnp.zeros((), jnp.int32),
@@ -195,6 +221,8 @@ def _canvases_on_device(model, params, cache, keys, fixed_all, given_all, stop, 
         steps=jnp.zeros((b, num_canvases), jnp.int32),
         passes=jnp.ones((), jnp.int32),  # the prefill
     )
+    if before_logits is not None:
+        state["before"] = before_logits
     state = jax.lax.while_loop(cond, body, state)
     return state["index"], state["tokens"], state["steps"], state["passes"], state["cache"]
 
@@ -350,7 +378,9 @@ def stream_canvases(
         samplers[spans[0]] = sampler.replace(canvas_length=spans[0], num_steps=int(steps))
 
     keys = row_keys(key, b)
-    _, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
+    logits, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
+    before = shift_lib.last_real_logits(logits, mask) if sampler.token_shift else None
+    del logits
     stop = _stop_array(stop_tokens)
     # Kept on the host: a device array here would come back from `truncate_at_stop` with the mesh's sharding, and
     # that changed input type would compile the denoising loop a second time for the second canvas.
@@ -376,9 +406,10 @@ def stream_canvases(
             active=active,
             return_trajectory=return_trajectory,
             on_step=on_step,
+            before_logits=before,
         )
         canvas, stopped = truncate_at_stop(result.canvas, stop, active)
-        cache = commit_canvas(model, params, cache, canvas)
+        cache, before = _commit(model, params, cache, canvas, before, sampler.token_shift)
         forward_passes += int(result.forward_passes) + 1
         active = active & ~np.asarray(stopped)
         yield CanvasUpdate(
@@ -508,7 +539,9 @@ def _generate_on_device(
     region = num_canvases * c
     fixed_all, given_all = _fixed_region(b, region, max_new_tokens, fixed, fixed_tokens)
     keys = row_keys(key, b)
-    _, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
+    logits, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
+    before = shift_lib.last_real_logits(logits, mask) if sampler.token_shift else None
+    del logits
     done, all_tokens, all_steps, passes, cache = _canvases_on_device(
         model,
         params,
@@ -517,6 +550,7 @@ def _generate_on_device(
         jnp.asarray(fixed_all[:, :region]),
         jnp.asarray(given_all[:, :region]),
         _stop_array(stop_tokens),
+        before,
         sampler=sampler,
         num_canvases=num_canvases,
     )

@@ -1,8 +1,9 @@
 """ptb / masking adapted from the autoregressive run: configs/ptb_masking.py's model and recipe, started from the
-weights of runs/ptb_ar (configs/ptb_ar.py) and trained for 25% of the AR run's steps (200 of 800: AR + adaptation cost
-about 1.25 AR runs) with the adaptation schedules on (hackable_diffusion/recipes.py: adaptation_experiment): attention
-annealed from causal to the diffusion mask (DiffuLLaMA), LLaDA 2.0's warm-up / stable / decay of the canvas size (4 ->
-16 -> the whole sequence -> 64) and a decaying encoder AR loss. First the AR run, then the adaptation:
+weights of runs/ptb_ar (configs/ptb_ar.py) and trained for 25% of the AR run's training FLOPs (100 steps of 2 passes
+each, against 800 AR steps: AR + adaptation cost 1.25 AR runs) with the adaptation schedules on
+(hackable_diffusion/recipes.py: from_ar_run): attention annealed from causal to the diffusion mask (DiffuLLaMA), LLaDA
+2.0's warm-up / stable / decay of the canvas size (4 -> 16 -> the whole sequence -> 64) and a decaying encoder AR loss,
+with the token shift (diffusion/token_shift.py). First the AR run, then the adaptation:
 
   python -m hackable_diffusion.train --config configs/ptb_ar.py --workdir runs/ptb_ar
   python -m hackable_diffusion.train --config configs/ptb_masking_from_ar.py \\

@@ -57,25 +57,28 @@ def op_metadata(hlo_text: str) -> dict[str, tuple[str, str]]:
     return out
 
 
-def categorise(name: str, meta: dict[str, tuple[str, str]]) -> str:
+def categorise(name: str, meta: dict[str, tuple[str, str]], categories=None) -> str:
+    categories = CATEGORIES if categories is None else categories
     op_name, opcode = meta.get(name, ("", ""))
     if op_name:
         # Weight slices of the scanned layer stack carry the slicing op's name, not the layer's.
         if re.search(r"dynamic_slice|dynamic_index_in_dim", op_name):
             return "layer scan (weight slicing, loop)"
-        for category, pattern in CATEGORIES:
+        for category, pattern in categories:
             if re.search(pattern, op_name):
                 return category
         return "other"
     if opcode == "dot":
         return "matmul (no source metadata)"
-    for category, pattern in CATEGORIES:
+    for category, pattern in categories:
         if re.search(pattern, name):
             return category
     return "other"
 
 
-def profile(fn, args, repeats: int) -> dict:
+def profile(fn, args, repeats: int, categories=None) -> dict:
+    """Wall time per call and the traced XLA:CPU op time by category (`categorise`); `fn` must not donate `args`
+    (it is called again on them)."""
     compiled = fn.lower(*args).compile() if hasattr(fn, "lower") else None
     meta = op_metadata(compiled.as_text()) if compiled is not None else {}
     jax.block_until_ready(fn(*args))
@@ -99,14 +102,22 @@ def profile(fn, args, repeats: int) -> dict:
                         per_op[event.name] += event.duration_ns
     total = sum(per_op.values()) or 1
     by_category: collections.Counter = collections.Counter()
+    backward = 0
     for name, ns in per_op.items():
-        by_category[categorise(name, meta)] += ns
+        by_category[categorise(name, meta, categories)] += ns
+        backward += ns * bool(re.search(r"transpose\(", meta.get(name, ("", ""))[0]))
     return {
         "wall_ms": 1e3 * wall,
         "traced_op_ms": sum(per_op.values()) / 1e6 / repeats,
         "share_by_category": {k: v / total for k, v in by_category.most_common()},
+        "backward_share": backward / total,  # ops under jax's transpose: the backward pass (0 for inference)
         "top_ops": [
-            {"op": n, "share": v / total, "category": categorise(n, meta), "op_name": meta.get(n, ("", ""))[0][-100:]}
+            {
+                "op": n,
+                "share": v / total,
+                "category": categorise(n, meta, categories),
+                "op_name": meta.get(n, ("", ""))[0][-100:],
+            }
             for n, v in per_op.most_common(8)
         ],
     }

@@ -16,7 +16,7 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from hackable_diffusion.builders import PROCESSES
+from hackable_diffusion.builders import PROCESSES, objective_passes
 from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import presets
 
@@ -278,20 +278,49 @@ def text_experiment(corpus: str, process: str, *, moe: bool = False) -> ml_colle
 
 def adaptation_experiment(corpus: str, process: str, *, fraction: float = 0.25) -> ml_collections.ConfigDict:
     """A `text_experiment` diffusion run started from the matching autoregressive run (`runs/{corpus}_ar`, trained by
-    configs/{corpus}_ar.py) for `fraction` of its steps, so AR + adaptation cost about (1 + fraction) AR runs, with
-    the schedules of `adaptation_section` on (docs/training.md "Adapting an AR model"). Over the first quarter the
-    decoder's attention anneals from causal to block-bidirectional (DiffuLLaMA) while the canvas grows 4 -> 16
-    (LLaDA 2.0's warm-up); the whole sequence is one canvas (MDLM) until 5/8 of the run (stable), then the canvas
-    decays to the target 64 (decay); the encoder's AR loss decays over the first 3/4 (masking: 1 -> 0; uniform, whose
-    DiffusionGemma recipe keeps an AR loss of weight 1: 2 -> 1)."""
+    configs/{corpus}_ar.py) with the schedules of `from_ar_run` on, its training FLOPs `fraction` of the AR run's.
+    Masking runs also use the token shift, which gained 0.39-0.41 bits/char of ELBO in the quickstart-size ablation
+    (results/text/README.md); the uniform recipe's self-conditioning does not take it."""
     c = text_experiment(corpus, process, moe=False)
-    ar_steps = int(c.train.num_steps)
-    steps = max(8, int(round(ar_steps * fraction)))
-    c.init = init_section("toolbox", f"runs/{corpus}_ar")
+    shift = process == "masking"
+    return from_ar_run(c, f"runs/{corpus}_ar", int(c.train.num_steps), compute_fraction=fraction, token_shift=shift)
+
+
+def adaptation_steps(config: ml_collections.ConfigDict, ar_steps: int, compute_fraction: float) -> int:
+    """Steps of `config` (same batch and sequence as the AR run) whose training FLOPs are `compute_fraction` of
+    `ar_steps` AR steps: a diffusion step runs `builders.objective_passes` passes over the sequence (block masking:
+    2, the encoder and the decoder), an AR step one."""
+    return max(8, int(round(ar_steps * compute_fraction / objective_passes(config))))
+
+
+def from_ar_run(
+    c: ml_collections.ConfigDict,
+    ar_run: str,
+    ar_steps: int,
+    *,
+    compute_fraction: float = 0.25,
+    schedules: bool = True,
+    token_shift: bool = False,
+) -> ml_collections.ConfigDict:
+    """Turns a from-scratch block-diffusion config into one adapted from its AR twin `ar_run` (same backbone, batch
+    and sequence, `ar_steps` steps): AR + adaptation cost (1 + compute_fraction) AR runs in training FLOPs
+    (`adaptation_steps`), with a shorter warm-up and a lower learning rate.
+
+    schedules: the `adaptation_section` schedules (docs/training.md "Adapting an AR model"). Over the first quarter
+    the decoder's attention anneals from causal to block-bidirectional (DiffuLLaMA) while the canvas grows 4 -> 16
+    (LLaDA 2.0's warm-up); the whole sequence is one canvas (MDLM) until 5/8 of the run (stable), then the canvas
+    decays to the target (decay); the encoder's AR loss decays over the first 3/4 (masking: 1 -> 0; uniform, whose
+    DiffusionGemma recipe keeps an AR loss of weight 1: 2 -> 1). False: the plain objective from the AR weights.
+    token_shift: `diffusion.token_shift` (Fast-dLLM v2; diffusion/token_shift.py)."""
+    steps = adaptation_steps(c, ar_steps, compute_fraction)
+    c.init = init_section("toolbox", ar_run)
     c.train.num_steps = steps
-    c.train.eval_every = c.train.checkpoint_every = steps // 2
-    c.optimizer.peak_lr, c.optimizer.end_lr, c.optimizer.warmup_steps = 1e-3, 1e-4, steps // 10
-    q = steps // 8
+    c.train.eval_every = c.train.checkpoint_every = max(1, steps // 2)
+    c.optimizer.peak_lr, c.optimizer.end_lr, c.optimizer.warmup_steps = 1e-3, 1e-4, max(1, steps // 10)
+    c.diffusion.token_shift = bool(token_shift)
+    if not schedules:
+        return c
+    q = max(1, steps // 8)
     target, seq_len = int(c.diffusion.canvas_len), int(c.data.seq_len)
     weights = (2.0, 1.0) if c.diffusion.encoder_ar_weight else (1.0, 0.0)
     c.diffusion.encoder_ar_weight = 0.0  # the AR-loss schedule replaces it

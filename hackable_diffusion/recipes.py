@@ -456,7 +456,7 @@ def _from_weights(config: ml_collections.ConfigDict, checkpoint: str, lora_rank:
     return c
 
 
-def _constant_lr_schedule(
+def constant_lr_schedule(
     c: ml_collections.ConfigDict, peak_lr: float, steps: int, *, warmup: int, **train: int
 ) -> ml_collections.ConfigDict:
     """A constant learning rate after a short warm-up, no weight decay, no EMA, `steps` steps; `train` sets the
@@ -499,7 +499,7 @@ def rl_sections(
             # groups have rewards that differ (tied groups carry no signal); 0: off, one draw, every group kept
         )
     )
-    return _constant_lr_schedule(c, peak_lr, steps, warmup=10, log_every=5, eval_every=50, checkpoint_every=25)
+    return constant_lr_schedule(c, peak_lr, steps, warmup=10, log_every=5, eval_every=50, checkpoint_every=25)
 
 
 def distill_sections(
@@ -533,7 +533,7 @@ def distill_sections(
             keep="all",  # "correct": only trajectories ending on the training row's canvas (a puzzle's solution)
         )
     )
-    return _constant_lr_schedule(c, peak_lr, steps, warmup=20, log_every=10, eval_every=0, checkpoint_every=50)
+    return constant_lr_schedule(c, peak_lr, steps, warmup=20, log_every=10, eval_every=0, checkpoint_every=50)
 
 
 SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every result

@@ -163,6 +163,12 @@ def commit_canvas_keeping_logits(
     return cache, shift_lib.last_real_logits(logits, mask, before)
 
 
+def _prefill(model, params, tokens, mask, cache_length: int, shift: bool):
+    """The prompts' cache; under the token shift also the logits of each row's last prompt token (else None)."""
+    logits, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
+    return cache, shift_lib.last_real_logits(logits, mask) if shift else None
+
+
 def _commit(model, params, cache, canvas, before, shift: bool):
     """Commits a canvas; under the token shift also the logits the next canvas starts from (else `before`, None)."""
     if shift:
@@ -378,9 +384,7 @@ def stream_canvases(
         samplers[spans[0]] = sampler.replace(canvas_length=spans[0], num_steps=int(steps))
 
     keys = row_keys(key, b)
-    logits, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
-    before = shift_lib.last_real_logits(logits, mask) if sampler.token_shift else None
-    del logits
+    cache, before = _prefill(model, params, tokens, mask, cache_length, sampler.token_shift)
     stop = _stop_array(stop_tokens)
     # Kept on the host: a device array here would come back from `truncate_at_stop` with the mesh's sharding, and
     # that changed input type would compile the denoising loop a second time for the second canvas.
@@ -539,9 +543,7 @@ def _generate_on_device(
     region = num_canvases * c
     fixed_all, given_all = _fixed_region(b, region, max_new_tokens, fixed, fixed_tokens)
     keys = row_keys(key, b)
-    logits, cache = prefill(model, params, tokens, mask, cache_length=cache_length)
-    before = shift_lib.last_real_logits(logits, mask) if sampler.token_shift else None
-    del logits
+    cache, before = _prefill(model, params, tokens, mask, cache_length, sampler.token_shift)
     done, all_tokens, all_steps, passes, cache = _canvases_on_device(
         model,
         params,

@@ -9,6 +9,7 @@ of them. `check_config` runs every check that needs no data before a command wri
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import pathlib
@@ -37,7 +38,27 @@ class Experiment:
         return self.process is None
 
 
-def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
+def schedules_at_end(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The config a trained run is evaluated or sampled with. There every adaptation schedule is at its end, so the
+    canvas curriculum's last size is the canvas the run is evaluated at: an override of `diffusion.canvas_len`
+    (the ELBO of one network against the canvas it reads) moves it along instead of failing the training-time check
+    that the curriculum ends at the target canvas. Returns `config` itself when there is nothing to move."""
+    section = config.get("adaptation")
+    sizes = tuple(section.get("canvas_sizes") or ()) if section is not None else ()
+    canvas = config.get("diffusion", {}).get("canvas_len")
+    if not sizes or not canvas or int(sizes[-1]) == int(canvas):
+        return config
+    config = copy.deepcopy(config)
+    with config.unlocked():
+        config.adaptation.canvas_sizes = (*sizes[:-1], int(canvas))
+    return config
+
+
+def build(config: ml_collections.ConfigDict, workdir: str, *, inference: bool = False) -> Experiment:
+    """The experiment of `config`. inference: the run is evaluated, sampled or served, not trained
+    (`schedules_at_end`)."""
+    if inference:
+        config = schedules_at_end(config)
     task = get_task(config.data.task)
     data = task.build_data(config, workdir)
     vocab_size = data.tokenizer.vocab_size
@@ -59,7 +80,7 @@ def build(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
 def from_workdir(workdir: str) -> Experiment:
     """Rebuilds the experiment of a training run from its saved config and tokenizer."""
 
-    return build(run_config.load_saved_config(workdir), workdir)
+    return build(run_config.load_saved_config(workdir), workdir, inference=True)
 
 
 def workdir_path(workdir: str) -> pathlib.Path:

@@ -69,7 +69,7 @@ def main(argv):
     if not _HAS_RUN["saved"]:
         run_config.load_saved_config(workdir)  # the clear error: the workdir holds no run
     config = FLAGS.config
-    exp = exp_lib.build(config, workdir)
+    exp = exp_lib.build(config, workdir, inference=True)
     if exp.task.name != "text":
         raise ValueError(f"{workdir} is a {exp.task.name!r} run; sample prints text (see evaluate).")
     params, step = toolbox.load_params(exp, workdir)

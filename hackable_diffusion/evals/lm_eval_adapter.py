@@ -100,7 +100,7 @@ class HackableDiffusionLM(LM):
         workdir = hf_runs.resolve_workdir(str(workdir))
         overrides = [f"--{k}={v}" for k, v in config_overrides.items()]
         config = cli.parse_config_overrides(run_config.load_saved_config(workdir), overrides)
-        exp = exp_lib.build(config, workdir)
+        exp = exp_lib.build(config, workdir, inference=True)
         params, self.checkpoint_step = toolbox.load_params(exp, workdir, weights=str(weights))
         size = 8 if str(batch_size).startswith("auto") else int(batch_size)
         self.workdir = workdir

@@ -53,7 +53,7 @@ def load_engine(workdir: str, config, *, weights: str = "ema", model_name: str =
     from hackable_diffusion.serve.engine import Engine
 
     run_dir = hf_runs.resolve_workdir(workdir)
-    exp = exp_lib.build(config, run_dir)
+    exp = exp_lib.build(config, run_dir, inference=True)
     if exp.task.name != "text":
         raise ValueError(f"{workdir} is a {exp.task.name!r} run; the server serves text runs.")
     params, _ = toolbox.load_params(exp, run_dir, weights=weights)

@@ -231,6 +231,20 @@ def test_builders_refuse_adaptation_where_it_does_not_apply():
     assert builders.build_adaptation(config) is None  # every schedule off: the plain objective
 
 
+def test_an_adapted_run_is_evaluated_at_another_canvas_with_its_schedules_at_their_end(tmp_path):
+    from hackable_diffusion import experiment as exp_lib
+
+    config = tiny_text_config("masking", moe=False)
+    config.adaptation = recipes.adaptation_section(canvas_sizes=(4, 8), canvas_boundaries=(1,))
+    assert exp_lib.schedules_at_end(config) is config  # the curriculum already ends at the run's canvas
+    config.diffusion.canvas_len = 4  # evaluating the network at a canvas of 4
+    with pytest.raises(ValueError, match="curriculum must end at the target canvas: its last size is 8"):
+        exp_lib.build(config, str(tmp_path))  # training keeps the check
+    exp = exp_lib.build(config, str(tmp_path), inference=True)
+    assert exp.objective.canvas_len == 4 and exp.objective.adaptation.canvas.target == 4
+    assert tuple(exp.config.adaptation.canvas_sizes) == (4, 4) and tuple(config.adaptation.canvas_sizes) == (4, 8)
+
+
 @pytest.mark.parametrize("name", ["shakespeare_masking_from_ar", "shakespeare_uniform_from_ar", "ptb_masking_from_ar"])
 def test_the_adaptation_recipes_start_from_the_ar_run_for_a_quarter_of_its_flops(name):
     import importlib.util

@@ -48,8 +48,8 @@ def load_run(workdir: str, *, weights: str = "ema", config: ml_collections.Confi
     from hackable_diffusion.checkpoints import toolbox
 
     toolbox.check_weights(weights)
-    run_cfg = config if config is not None else run_config.load_saved_config(workdir)
-    exp = exp_lib.build(run_cfg, workdir, inference=True)
+    config = config if config is not None else run_config.load_saved_config(workdir)
+    exp = exp_lib.build(config, workdir, inference=True)
     used = "ema" if weights == "ema" and exp.config.train.ema_decay > 0 else "raw"
     params, step = toolbox.load_params(exp, workdir, weights=used)
     return exp, params, step, used

@@ -82,6 +82,7 @@ def init_section(kind: str = "scratch", checkpoint: str = "") -> ml_collections.
             kind=kind,  # "scratch" | "toolbox" | "params" | "gemma" | "hf"
             checkpoint=checkpoint,  # toolbox workdir (or checkpoints/) | params dir | gemma orbax dir | HF directory
             weights="ema",  # toolbox: "ema" takes the EMA weights when the run kept them, "raw" the trained ones
+            step=0,  # toolbox: the checkpoint step to start from (0: the latest complete one)
             allow_new=ALLOW_NEW,  # globs on parameter paths that may start from random init (not in the source)
             inherit_diffusion=True,  # sft: take the noise process and loss recipe of the source run
             tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus

@@ -3,8 +3,8 @@
 Every command that trains takes the same `config.init` section (`recipes.init_section`; `--init_from KIND:PATH` sets
 kind and checkpoint, `set_init_from`). `load_base(config)` gives the model, tokenizer and params of the source.
 kind "toolbox": `init.checkpoint` is a toolbox workdir (or its `checkpoints/` folder); the params (EMA if
-`init.weights == "ema"` and present) of its latest step are restored, and its `config.json` (model shape) and
-`tokenizer/` are used when present. kind "params": `init.checkpoint` is a params directory written by
+`init.weights == "ema"` and present) of its latest step, or of `init.step`, are restored, and its `config.json` (model
+shape) and `tokenizer/` are used when present. kind "params": `init.checkpoint` is a params directory written by
 `toolbox.save_params` (e.g. the `fused_params` of an earlier SFT run; its parent's `config.json` and `tokenizer/` are
 used the same way). kind "gemma": a gemma-layout orbax directory (`checkpoints.gemma.load_gemma_checkpoint`), shaped
 by `config.model`. kind "hf": a Hugging Face DiffusionGemma / Gemma-4 directory (`checkpoints.hf.load_hf`: its
@@ -167,7 +167,7 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
         if init.kind == "params":
             params, where = load_params_directory(source), f"params:{source}"
         else:
-            params, step = load_toolbox_params(source, weights=init.weights)
+            params, step = load_toolbox_params(source, weights=init.weights, step=int(init.get("step", 0)) or None)
             where = f"toolbox:{source}@{step}"
         gemma_ckpt.check_toolbox_params(params, cfg, f"The params of {where}")
         saved_tokenizer = tokenizer_dir if (tokenizer_dir / tok_lib.CONFIG_FILE).is_file() else None

@@ -169,6 +169,24 @@ def test_a_resumed_run_does_not_read_the_source_again(masking_from_ar, tmp_path,
     assert toolbox.load_toolbox_params(workdir, weights="raw")[1] == 2
 
 
+def test_init_step_starts_from_that_checkpoint_and_names_the_steps_there(trained_text_runs):
+    source = trained_text_runs["uniform"]  # checkpoints at steps 3 and 6
+    config = from_weights_config("uniform", source)
+    latest = base_weights.load_base(config)
+    config.init.step = 3
+    earlier = base_weights.load_base(config)
+    assert (latest.source, earlier.source) == (f"toolbox:{source}@6", f"toolbox:{source}@3")
+    expected = flatten_tree(toolbox.load_toolbox_params(source, step=3)[0])
+    got, last = flatten_tree(earlier.params), flatten_tree(latest.params)
+    assert set(got) == set(expected)
+    for path, array in got.items():
+        np.testing.assert_array_equal(array, expected[path], err_msg=path)
+    assert any(not np.array_equal(got[p], last[p]) for p in got)  # six steps of training moved the weights
+    config.init.step = 4
+    with pytest.raises(ValueError, match=r"step 4 not found .*available: \[3, 6\]"):
+        base_weights.load_base(config)
+
+
 def test_init_from_sets_the_section_of_any_config():
     config = tiny_text_config("masking", moe=False)
     del config["init"]

@@ -3,7 +3,8 @@
   python experiments/plot_rl.py --runs runs/rl_sudoku,runs/rl_sudoku_shaped --out results/rl/sudoku_reward_curve.png \
       --start 0.328
 
-Top: the rollouts' mean reward and solve rate (means over each logged interval); bottom: the held-out solve rate of
+Top: the rollouts' mean reward and solve rate (means over each logged interval); middle: the fraction of groups whose
+rewards differ (the only ones with a gradient); bottom: the held-out solve rate of
 the evaluation the run makes every `train.eval_every` steps (the run's one-attempt sampler on generated puzzles of the
 RL data's givens range), when present. Prints one JSON line per run with its first and last values.
 """
@@ -31,7 +32,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--start", type=float, default=None, help="the starting weights' held-out exact (a line)")
     args = parser.parse_args()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
     for name in args.runs.split(","):
         run = pathlib.Path(name)
         train, evals = read(run)
@@ -40,6 +41,8 @@ def main():
         steps = [r["step"] for r in train]
         (line,) = top.plot(steps, [r["reward_mean"] for r in train], label=f"{label}: reward")
         top.plot(steps, [r["solve_rate"] for r in train], "--", color=line.get_color(), label=f"{label}: solved")
+        if train and "groups_used" in train[0]:
+            middle.plot(steps, [r["groups_used"] for r in train], color=line.get_color(), label=label)
         held = [r for r in evals if "sudoku_accuracy" in r or "countdown_accuracy" in r]
         key = "sudoku_accuracy" if held and "sudoku_accuracy" in held[0] else "countdown_accuracy"
         if held:
@@ -60,6 +63,8 @@ def main():
         bottom.axhline(args.start, color="gray", linestyle=":", label="starting weights")
     top.set_ylabel("rollouts")
     top.legend(fontsize=7)
+    middle.set_ylabel("groups with a signal")
+    middle.legend(fontsize=7)
     bottom.set_ylabel("held-out exact")
     bottom.set_xlabel("RL step")
     bottom.legend(fontsize=7)

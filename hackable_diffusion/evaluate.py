@@ -21,7 +21,7 @@ from absl import app, flags
 from hackable_diffusion import cli
 
 FLAGS = flags.FLAGS
-COUNT_FLAGS = ("batch_size", "limit", "num_batches", "num_samples", "max_new_tokens", "subset")  # of any task
+COUNT_FLAGS = ("batch_size", "limit", "num_batches", "num_samples", "max_new_tokens", "subset", "step")  # of any task
 _SAVED: dict[str, ml_collections.ConfigDict] = {}  # the run's saved config, read once while the flags are defined
 
 
@@ -34,15 +34,20 @@ def define_flags(argv: list[str]):
     flags.DEFINE_string("workdir", None, "A training workdir, or hf:DIR for a Hugging Face checkpoint directory.")
     flags.DEFINE_integer("seed", 0, "Seed for the noise levels, the samples and the solver.")
     flags.DEFINE_integer("batch_size", 0, "Evaluation batch size (0: the task's default).")
-    flags.DEFINE_enum("weights", "ema", ["ema", "raw"], "ema: the run's EMA weights when it kept them; raw: the trained.")
+    flags.DEFINE_enum(
+        "weights", "ema", ["ema", "raw"], "ema: the run's EMA weights when it kept them; raw: the trained."
+    )
+    flags.DEFINE_integer("step", 0, "The checkpoint step to evaluate (0: the latest).")
     names = [config.data.task] if saved is not None else list(TASKS)  # no run yet (a dry parse): every task's flags
     for name in names:
         get_task(name).define_evaluation_flags(FLAGS)
 
 
-def load_run(workdir: str, *, weights: str = "ema", config: ml_collections.ConfigDict | None = None):
+def load_run(
+    workdir: str, *, weights: str = "ema", config: ml_collections.ConfigDict | None = None, step: int | None = None
+):
     """(experiment, params, checkpoint step, weights used) of the run in `workdir`; `config`: its saved config with
-    overrides (None: as saved)."""
+    overrides (None: as saved); `step`: the checkpoint to read (None: the latest)."""
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion import run_config
     from hackable_diffusion.checkpoints import toolbox
@@ -51,7 +56,7 @@ def load_run(workdir: str, *, weights: str = "ema", config: ml_collections.Confi
     config = config if config is not None else run_config.load_saved_config(workdir)
     exp = exp_lib.build(config, workdir, inference=True)
     used = "ema" if weights == "ema" and exp.config.train.ema_decay > 0 else "raw"
-    params, step = toolbox.load_params(exp, workdir, weights=used)
+    params, step = toolbox.load_params(exp, workdir, weights=used, step=step)
     return exp, params, step, used
 
 
@@ -63,14 +68,18 @@ def run(
     saved: ml_collections.ConfigDict | None = None,
     weights: str = "ema",
     seed: int = 0,
+    step: int | None = None,
 ) -> dict:
     """Runs `evaluation` (a task's `Evaluation`, e.g. `tasks.text_evaluation.Likelihood()` or
     `tasks.sudoku.evaluation.SolvePuzzles(...)`) on the run in `workdir`. `config`: the run's saved config with
-    overrides (None: as saved); `saved`: that saved config when the caller already read it."""
+    overrides (None: as saved); `saved`: that saved config when the caller already read it; `step`: the checkpoint to
+    evaluate (None: the latest)."""
     from hackable_diffusion import run_config
 
     saved = saved if saved is not None else run_config.load_saved_config(workdir)
-    exp, params, step, used = load_run(workdir, weights=weights, config=config if config is not None else saved)
+    exp, params, step, used = load_run(
+        workdir, weights=weights, config=config if config is not None else saved, step=step
+    )
     result = evaluation(exp, params, seed=seed, load_run=lambda other: load_run(other)[:2])
     changed = run_config.config_changes(saved.to_dict(), exp.config.to_dict())
     head = {
@@ -102,7 +111,13 @@ def main(argv):
         run_config.load_saved_config(workdir)  # raises the clear error
     evaluation = get_task(FLAGS.config.data.task).evaluation_from_flags(FLAGS)
     result = run(
-        workdir, evaluation, config=FLAGS.config, saved=_SAVED["config"], weights=FLAGS.weights, seed=FLAGS.seed
+        workdir,
+        evaluation,
+        config=FLAGS.config,
+        saved=_SAVED["config"],
+        weights=FLAGS.weights,
+        seed=FLAGS.seed,
+        step=FLAGS.step or None,
     )
     print(cli.json_line(result))
 

@@ -83,7 +83,10 @@ def load_params(exp: Experiment, workdir: str, *, weights: str = "ema", step: in
                 )
             state, step = restored
         else:
-            state = ckpt.restore(step, abstract)
+            steps = _step_dirs(pathlib.Path(workdir) / "checkpoints")
+            if int(step) not in steps:
+                raise ValueError(f"Checkpoint step {step} not found in {workdir}/checkpoints; available: {steps}.")
+            state = ckpt.restore(int(step), abstract)
     finally:
         ckpt.close()
     params = state.ema_params if (weights == "ema" and state.ema_params is not None) else state.params

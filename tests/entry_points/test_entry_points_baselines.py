@@ -41,3 +41,23 @@ def test_masking_and_autoregressive_runs_train_sample_and_score(trained_text_run
         )
     with pytest.raises(cli.ConfigKeyError, match="sampler.num_steps"):
         cli.override(run_config.load_saved_config(str(trained_text_runs["masking"])), {"sampler.num_step": 3})
+
+
+def test_evaluate_reads_the_checkpoint_step_it_is_given(trained_text_runs):
+    import numpy as np
+
+    from hackable_diffusion import evaluate
+    from hackable_diffusion.checkpoints import toolbox
+    from hackable_diffusion.checkpoints.trees import flatten_tree
+
+    workdir = str(trained_text_runs["uniform"])  # checkpoints at steps 3 and 6
+    _, latest, latest_step, _ = evaluate.load_run(workdir, weights="raw")
+    _, earlier, earlier_step, _ = evaluate.load_run(workdir, weights="raw", step=3)
+    assert (latest_step, earlier_step) == (6, 3)
+    expected = flatten_tree(toolbox.load_toolbox_params(workdir, weights="raw", step=3)[0])
+    got, last = flatten_tree(earlier), flatten_tree(latest)
+    for path, array in got.items():
+        np.testing.assert_allclose(np.asarray(array, np.float32), np.asarray(expected[path], np.float32), err_msg=path)
+    assert any(not np.array_equal(np.asarray(got[p]), np.asarray(last[p])) for p in got)
+    with pytest.raises(ValueError, match=r"step 4 not found .*available: \[3, 6\]"):
+        evaluate.load_run(workdir, step=4)

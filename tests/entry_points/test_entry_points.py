@@ -110,7 +110,12 @@ def test_every_config_file_loads_and_the_text_triples_see_the_same_tokens():
     for key, entries in seen.items():
         assert len(entries) == 3, entries
         assert all(shape == entries[0][1] for _, shape in entries), key
-    assert sorted(adapted) == ["ptb_masking_from_ar", "shakespeare_masking_from_ar", "shakespeare_uniform_from_ar"]
+    assert sorted(adapted) == [
+        "ptb_masking_from_ar",
+        "ptb_uniform_from_ar",
+        "shakespeare_masking_from_ar",
+        "shakespeare_uniform_from_ar",
+    ]
     for name, (key, shape) in adapted.items():
         model, seq_len, batch_size, steps = seen[key][0][1]
         config = cli.load_config_file(str(REPO / "configs" / f"{name}.py"))

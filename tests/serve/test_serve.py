@@ -153,14 +153,31 @@ def test_bad_requests_get_400_with_openai_error_shape(served):
     assert httpx.get(url + "/v1/nothing", timeout=30).json()["error"]["code"] == 404
 
 
-def test_a_client_that_goes_away_frees_its_row(served):
+def test_a_client_that_goes_away_frees_its_row(served, monkeypatch):
+    from hackable_diffusion.serve import engine as engine_lib
+
     engine, url = served["engine"], served["url"]
     cancelled_before = engine.stats.cancelled
+    hung_up, original = threading.Event(), engine_lib.gen_lib.stream_canvases
+
+    def held_after_the_first_canvas(*args, **kwargs):  # the request cannot finish before the hang-up is seen
+        canvases = original(*args, **kwargs)
+        yield next(canvases)
+        hung_up.wait(60)
+        yield from canvases
+
+    monkeypatch.setattr(engine_lib.gen_lib, "stream_canvases", held_after_the_first_canvas)
     body = {"model": "tiny", "prompt": "ROMEO:", "max_tokens": 64, "seed": 1, "stream": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
                 break  # one canvas, then hang up
+    for _ in range(600):  # the server sees the hang-up and flags the request
+        live = engine._live
+        if live is not None and all(row.request.cancelled.is_set() for row in live.rows):
+            break
+        threading.Event().wait(0.05)
+    hung_up.set()
     for _ in range(600):
         if engine.stats.cancelled > cancelled_before:
             break

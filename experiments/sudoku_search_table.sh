@@ -52,7 +52,8 @@ declare -A ROWS=(
   [paced16_attempts4_h1]="$H1 $PACED16 --config.solver.parallel_attempts=4"
   [paced16_attempts4_easy]="$EASY $PACED16 --config.solver.parallel_attempts=4"
 )
-ORDER=(search_h1 search_h2 sampler_h1 sampler_h2 sampler_no_sure_h1 sampler_no_sure_easy rules_only_h1 rules_only_h2 search_easy search128_easy sampler_easy
+ORDER=(search_h1 search_h2 sampler_h1 sampler_h2 sampler_no_sure_h1 sampler_no_sure_easy rules_only_h1 rules_only_h2
+  search_easy search128_easy sampler_easy
   search_kaggle sampler_kaggle rules_only_kaggle cells5_h1 cells5_h2 fewest_h1 paced12_h1 paced12_h2 paced12_kaggle
   paced12_easy attempts4_h1 attempts4_h2 attempts4_kaggle attempts4_easy paced12_attempts4_h1 paced12_attempts4_h2
   paced12_attempts4_kaggle paced12_attempts4_easy paced12_attempts8_kaggle paced16_attempts4_kaggle paced16_attempts4_h1

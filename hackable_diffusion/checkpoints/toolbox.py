@@ -83,10 +83,8 @@ def load_params(exp: Experiment, workdir: str, *, weights: str = "ema", step: in
                 )
             state, step = restored
         else:
-            steps = _step_dirs(pathlib.Path(workdir) / "checkpoints")
-            if int(step) not in steps:
-                raise ValueError(f"Checkpoint step {step} not found in {workdir}/checkpoints; available: {steps}.")
-            state = ckpt.restore(int(step), abstract)
+            step = _existing_step(pathlib.Path(workdir) / "checkpoints", int(step))
+            state = ckpt.restore(step, abstract)
     finally:
         ckpt.close()
     params = state.ema_params if (weights == "ema" and state.ema_params is not None) else state.params
@@ -99,6 +97,14 @@ def _step_dirs(checkpoints: pathlib.Path) -> list[int]:
     if not checkpoints.is_dir():
         return []
     return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit() and (p / "state").is_dir())
+
+
+def _existing_step(checkpoints: pathlib.Path, step: int) -> int:
+    """`step` if `checkpoints` holds it complete, else an error that names the steps it holds."""
+    steps = _step_dirs(checkpoints)
+    if step not in steps:
+        raise ValueError(f"Checkpoint step {step} not found in {str(checkpoints)!r}; available: {steps}.")
+    return step
 
 
 def load_toolbox_params(
@@ -117,9 +123,7 @@ def load_toolbox_params(
             f"No toolbox checkpoint in {str(path)!r} (looked for step folders with a 'state' item in "
             f"{str(checkpoints)!r}); train with hackable_diffusion.train first or fix init.checkpoint."
         )
-    step = steps[-1] if step is None else int(step)
-    if step not in steps:
-        raise ValueError(f"Checkpoint step {step} not found in {str(checkpoints)!r}; available: {steps}.")
+    step = steps[-1] if step is None else _existing_step(checkpoints, int(step))
     item = (checkpoints / str(step) / "state").absolute()
     checkpointer = ocp.PyTreeCheckpointer()
     metadata = tree_metadata(item)

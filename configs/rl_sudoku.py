@@ -12,7 +12,8 @@ reward is the exact checker (1 for the solution, else 0). The shaped partial cre
 is off: under the rules constraint nearly every wrong grid earns about the same credit, and the per-group
 standardisation then turns noise into advantages (results/rl/README.md). Prompts: 2,000 generated unique puzzles
 with 22-28 givens (generator seed 3: neither the starting run's training seed 0 nor the held-out sets' 7, 8, 17, 22).
-`--config.rl.objective=wd1|elbo` swaps the objective; `--config.lora.rank=8` trains adapters only.
+`--config.rl.objective=wd1|elbo` swaps the objective; `--config.lora.rank=8` trains adapters only;
+`--config.rl.scorer=trajectory` scores each cell at the pass that wrote it (TraceRL; docs/rl.md).
 """
 
 from hackable_diffusion import recipes

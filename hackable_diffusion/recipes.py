@@ -498,6 +498,9 @@ def rl_sections(
             temperature=1.0,  # rollouts draw tokens at this temperature
             dynamic_sampling=0,  # DAPO's dynamic sampling: up to this many extra draws of K x G per rollout until K
             # groups have rewards that differ (tied groups carry no signal); 0: off, one draw, every group kept
+            scorer="mean_field",  # diffu_grpo / wd1 log-probs: "mean_field" (d1's one pass) or "trajectory" (TraceRL:
+            # each token scored at the sampler pass that wrote it; Sudoku in place)
+            trajectory_passes_per_forward=1,  # trajectory: sampler passes scored per forward (TraceRL's shrinkage)
         )
     )
     return constant_lr_schedule(c, peak_lr, steps, warmup=10, log_every=5, eval_every=50, checkpoint_every=25)

@@ -26,15 +26,16 @@ from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import partitioning
 from hackable_diffusion.rl import objectives as rl_objectives
 from hackable_diffusion.rl.rollouts import RolloutSettings, RolloutStream
-from hackable_diffusion.rl.scorers import AutoregressiveScorer, MeanFieldScorer
+from hackable_diffusion.rl.scorers import AutoregressiveScorer, MeanFieldScorer, TrajectoryScorer
 from hackable_diffusion.training.workdir_lock import WorkdirLock
 
 OBJECTIVES = ("diffu_grpo", "wd1", "elbo", "ar_grpo")
 RL_KEYS = (
     "objective", "prompts_per_rollout", "group_size", "inner_updates", "prompt_mask_prob", "advantage_scale",
     "clip_eps", "kl_beta", "wd1_psi", "wd1_negative_weight", "elbo_draws", "shaped_reward", "temperature",
-    "dynamic_sampling",
+    "dynamic_sampling", "scorer", "trajectory_passes_per_forward",
 )  # fmt: skip
+SCORERS = ("mean_field", "trajectory")
 
 
 def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool | None = None) -> None:
@@ -57,9 +58,25 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
             f"config.rl.dynamic_sampling={extra!r} must be an integer >= 0: the most extra draws of "
             "prompts_per_rollout x group_size per rollout to fill the batch with groups whose rewards differ (0: off)."
         )
+    scorer = rl.get("scorer", "mean_field")
+    if scorer not in SCORERS:
+        raise ValueError(f"config.rl.scorer={scorer!r} must be one of {SCORERS}.")
+    per_forward = rl.get("trajectory_passes_per_forward", 1)
+    if isinstance(per_forward, bool) or not isinstance(per_forward, int) or per_forward < 1:
+        raise ValueError(
+            f"config.rl.trajectory_passes_per_forward={per_forward!r} must be an integer >= 1 (the sampler passes "
+            "scored from one forward of the trajectory scorer)."
+        )
     settings = rollout_settings(config)
     if autoregressive is None:
         return
+    if autoregressive and scorer != "mean_field":
+        raise ValueError(
+            f"config.rl.scorer={scorer!r} scores a diffusion sampler's passes; an autoregressive run's log-probs are "
+            "exact already: leave config.rl.scorer='mean_field'."
+        )
+    if scorer == "trajectory" and rl.objective == "elbo":
+        raise ValueError("config.rl.scorer='trajectory' is for diffu_grpo and wd1; the ELBO objective has its own.")
     if autoregressive and rl.objective in ("diffu_grpo", "elbo"):
         raise ValueError(
             f"config.rl.objective={rl.objective!r} needs a diffusion run; this run is autoregressive: use 'ar_grpo' "
@@ -122,7 +139,21 @@ def build_objective(config: ml_collections.ConfigDict, exp) -> Any:
                 f"{config.diffusion.process!r}. Start from a masking run (or an autoregressive one with 'ar_grpo')."
             )
         null = str(config.diffusion.get("null_signal", "zeros"))
-        scorer = MeanFieldScorer(exp.model, exp.process.mask_id, null_signal=null)
+        if rl.get("scorer", "mean_field") == "trajectory":
+            if not getattr(exp.task, "records_commit_order", False):
+                raise ValueError(
+                    f"config.rl.scorer='trajectory' needs rollouts that record the pass that wrote each token; the "
+                    f"{exp.task.name!r} task's rollouts do not (Sudoku's in-place sampler does): use 'mean_field'."
+                )
+            scorer = TrajectoryScorer(
+                exp.model,
+                exp.process.mask_id,
+                num_passes=int(config.sampler.num_steps),
+                passes_per_forward=int(rl.get("trajectory_passes_per_forward", 1)),
+                null_signal=null,
+            )
+        else:
+            scorer = MeanFieldScorer(exp.model, exp.process.mask_id, null_signal=null)
     beta, clip = float(rl.kl_beta), float(rl.clip_eps)
     if rl.objective == "diffu_grpo":
         return rl_objectives.DiffuGRPO(scorer, clip_eps=clip, kl_beta=beta)

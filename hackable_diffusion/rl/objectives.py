@@ -22,6 +22,9 @@ normalisation); the loss is their mean over valid rows.
   REINFORCE with the group baseline (no ratio; with several inner updates the later ones are off-policy and
   uncorrected). A bound-based estimator in the spirit of VRPO (LLaDA 1.5) and SPG, not their exact losses.
 
+`DiffuGRPO` and `WD1` also take `scorers.TrajectoryScorer` (TraceRL's per-pass log-probs, `config.rl.scorer`) in
+place of the mean-field estimate.
+
 The optional KL to the reference (`kl_beta` > 0) is the k3 estimator exp(r - l) - (r - l) - 1 per completion token
 (Schulman's), with l the current and r the reference log-prob under the same scorer and mask; the reference is the
 starting weights (a LoRA run's base: no second copy is held). With `kl_beta` = 0 no reference pass is run: the `kl`
@@ -40,7 +43,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from hackable_diffusion.diffusion import objectives as obj_lib
-from hackable_diffusion.rl.scorers import AutoregressiveScorer, MeanFieldScorer
+from hackable_diffusion.rl.scorers import AutoregressiveScorer, MeanFieldScorer, TrajectoryScorer
 
 Metrics = dict[str, Array]
 
@@ -59,6 +62,11 @@ def k3_kl(log_probs: Float[Array, "b l"], ref_log_probs: Float[Array, "b l"]) ->
     """The k3 estimate of KL(current || reference) per token from samples of the current policy (>= 0)."""
     delta = ref_log_probs - log_probs
     return jnp.exp(delta) - delta - 1.0
+
+
+def score(scorer, params, batch: dict[str, Array]) -> tuple[Float[Array, "b l"], Float[Array, "b l"], dict]:
+    """The scorer's (log-probs, entropies, aux) of the batch's completions (with its commit passes when it has them)."""
+    return scorer(params, batch["tokens"], batch["completion"], batch["prompt_masked"], batch.get("commit_pass"))
 
 
 def reference_kl(log_probs: Float[Array, "b l"], batch: dict[str, Array]) -> Float[Array, ""]:
@@ -90,7 +98,7 @@ class _ClippedSurrogate:
     def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
         del rng  # the prompt mask of this inner update comes with the batch (the old log-probs used the same)
         completion, adv, valid = batch["completion"], batch["advantages"], batch["valid"]
-        log_probs, entropy, aux = self.scorer(params, batch["tokens"], completion, batch["prompt_masked"])
+        log_probs, entropy, aux = score(self.scorer, params, batch)
         ratio = jnp.exp(log_probs - batch["old_log_probs"])
         clipped = jnp.clip(ratio, 1.0 - self.clip_eps, 1.0 + self.clip_eps)
         surrogate = jnp.minimum(ratio * adv[:, None], clipped * adv[:, None])
@@ -111,9 +119,10 @@ class _ClippedSurrogate:
 
 @dataclasses.dataclass(frozen=True)
 class DiffuGRPO(_ClippedSurrogate):
-    """d1's diffu-GRPO: clipped ratio of mean-field one-pass log-probs, prompt masked afresh per inner update."""
+    """d1's diffu-GRPO: clipped ratio of mean-field one-pass log-probs, prompt masked afresh per inner update (or of
+    the trajectory scorer's per-pass log-probs)."""
 
-    scorer: MeanFieldScorer
+    scorer: MeanFieldScorer | TrajectoryScorer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +154,7 @@ class WD1:
     def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
         del rng
         completion, valid = batch["completion"], batch["valid"]
-        log_probs, entropy, aux = self.scorer(params, batch["tokens"], completion, batch["prompt_masked"])
+        log_probs, entropy, aux = score(self.scorer, params, batch)
         groups = jnp.maximum(jnp.sum(valid) / self.group_size, 1.0)
         weighted = self.weights(batch["advantages"], valid) * row_means(log_probs, completion)
         policy = -jnp.sum(weighted) / groups
@@ -195,7 +204,7 @@ class ElboPolicyGradient:
         completion, valid = batch["completion"], batch["valid"]
         nelbo = self.negative_elbo(params, batch, rng)
         policy = valid_mean(batch["advantages"] * nelbo, valid)
-        log_probs, entropy, aux = self.scorer(params, batch["tokens"], completion, batch["prompt_masked"])
+        log_probs, entropy, aux = score(self.scorer, params, batch)
         if not self.kl_beta:  # the pass is only measured: no backward through its log-probs
             log_probs = jax.lax.stop_gradient(log_probs)
         kl = reference_kl(log_probs, batch)

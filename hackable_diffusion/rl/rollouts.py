@@ -22,6 +22,10 @@ resumed run). Its checkpointed state is the rollout counter, the draw counter (t
 it equals the rollout counter without dynamic sampling), the inner index and, mid-rollout, the rollout's arrays
 themselves (exact bytes), so a run resumed anywhere replays the same batches: a draw's randomness and prompts are
 functions of (seed, draw index) alone, the prompt masks of (seed, rollout index).
+
+A trajectory scorer (`scorers.TrajectoryScorer`, `needs_commit_pass`) also needs the pass at which the sampler wrote
+each completion token: the stream then asks the task for it (`rollout(..., record_order=True)`) and puts it in the
+rows (`policy_rows(..., commit_pass=...)`) as `commit_pass`.
 """
 
 from __future__ import annotations
@@ -123,7 +127,8 @@ class RolloutStream:
         self.policy_params, self.reference_params = policy_params, reference_params
         self.needs_old = needs_old_log_probs
         self.reward_kwargs = dict(reward_kwargs or {})
-        self._score = jax.jit(lambda params, tokens, completion, masked: scorer(params, tokens, completion, masked)[0])
+        self.needs_order = bool(getattr(scorer, "needs_commit_pass", False))  # a trajectory scorer
+        self._score = jax.jit(lambda params, *rows: scorer(params, *rows)[0])  # rows: tokens, completion, mask, order
         self.rollout_index, self.draw_index, self.inner = 0, 0, 0
         self._cached: dict[str, np.ndarray] | None = None
         self._state_params: PyTree = None
@@ -176,16 +181,27 @@ class RolloutStream:
         self._last_return = time.perf_counter()
         return batch
 
-    def draw_groups(self, params: PyTree, draw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(prompts, completions, rewards) of draw `draw`: its K prompts, each repeated G times, completed and scored
-        with `params` (the policy's weights) and randomness that depends on (seed, draw) alone."""
+    def draw_groups(self, params: PyTree, draw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(prompts, completions, rewards, commit passes) of draw `draw`: its K prompts, each repeated G times,
+        completed and scored with `params` (the policy's weights) and randomness that depends on (seed, draw) alone;
+        the commit passes (the pass at which the sampler wrote each completion token) are recorded for a trajectory
+        scorer only (else an empty (n, 0) array)."""
         s = self.settings
         chosen = prompt_indices(len(self.prompts), draw, s.prompts_per_rollout, s.seed)
         prompts = np.repeat(self.prompts[chosen], s.group_size, axis=0)
         seed = int(np.random.default_rng([s.seed, draw, 1]).integers(2**31 - 1))
-        completions = np.asarray(self.task.rollout(self.exp, params, prompts, seed=seed, config=self.rollout_config))
+        if self.needs_order:
+            completions, order = self.task.rollout(
+                self.exp, params, prompts, seed=seed, config=self.rollout_config, record_order=True
+            )
+            completions, order = np.asarray(completions), np.asarray(order, np.int32)
+        else:
+            completions = np.asarray(
+                self.task.rollout(self.exp, params, prompts, seed=seed, config=self.rollout_config)
+            )
+            order = np.zeros((len(completions), 0), np.int32)
         rewards = np.asarray(self.task.reward(prompts, completions, **self.reward_kwargs), np.float32)
-        return prompts, completions, rewards
+        return prompts, completions, rewards, order
 
     def make_rollout(self, state_params: PyTree, rollout: int, first_draw: int | None = None) -> dict[str, np.ndarray]:
         """One rollout's arrays (every inner update's masks and log-probs included, `draws` the draws it made, from
@@ -194,7 +210,7 @@ class RolloutStream:
         start = time.perf_counter()
         first_draw = rollout if first_draw is None else first_draw
         params = self.policy_params(state_params)
-        drawn: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        drawn: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         informative = 0
         for draw in range(first_draw, first_draw + 1 + s.dynamic_sampling):
             drawn.append(self.draw_groups(params, draw))
@@ -202,13 +218,18 @@ class RolloutStream:
             if informative >= s.prompts_per_rollout:
                 break
         draws = len(drawn)
-        prompts, completions, rewards = (np.concatenate(parts) for parts in zip(*drawn))
+        prompts, completions, rewards, order = (np.concatenate(parts) for parts in zip(*drawn))
         kept = select_informative_groups(rewards.reshape(-1, s.group_size), s.prompts_per_rollout)
         kept_rows = (kept[:, None] * s.group_size + np.arange(s.group_size)).reshape(-1)  # group-major, as drawn
-        prompts, completions, rewards = prompts[kept_rows], completions[kept_rows], rewards[kept_rows]
+        prompts, completions, rewards, order = (x[kept_rows] for x in (prompts, completions, rewards, order))
         advantages, valid_groups = group_advantages(rewards.reshape(-1, s.group_size), scale=s.advantage_scale)
-        rows = self.task.policy_rows(self.exp, prompts, completions)
+        if self.needs_order:
+            rows = self.task.policy_rows(self.exp, prompts, completions, commit_pass=order)
+            commit_pass = {"commit_pass": np.asarray(rows["commit_pass"], np.int32)}
+        else:
+            rows, commit_pass = self.task.policy_rows(self.exp, prompts, completions), {}
         tokens, completion = np.asarray(rows["tokens"], np.int32), np.asarray(rows["completion"], bool)
+        jo = jnp.asarray(commit_pass["commit_pass"]) if commit_pass else None
         n, length = tokens.shape
         masks = np.zeros((s.inner_updates, n, length), bool)
         if s.prompt_mask_prob > 0:
@@ -221,9 +242,9 @@ class RolloutStream:
         for j in range(s.inner_updates):
             jm = jnp.asarray(masks[j])
             if self.needs_old:
-                old[j] = np.asarray(self._score(params, jt, jc, jm))
+                old[j] = np.asarray(self._score(params, jt, jc, jm, jo))
             if reference is not None:
-                ref[j] = np.asarray(self._score(reference, jt, jc, jm))
+                ref[j] = np.asarray(self._score(reference, jt, jc, jm, jo))
             elif self.needs_old:
                 ref[j] = old[j]  # no KL term: the KL metric measures the drift from the rollout-time policy
         has_reference = reference is not None or self.needs_old
@@ -238,6 +259,7 @@ class RolloutStream:
         return {
             "tokens": tokens,
             "completion": completion,
+            **commit_pass,
             "advantages": advantages.reshape(-1),
             "valid": np.repeat(valid_groups, s.group_size).astype(np.float32),
             "rewards": rewards,

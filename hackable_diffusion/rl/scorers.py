@@ -6,9 +6,18 @@
   under it. Not the sampler's probability (the sampler commits tokens over several passes), but one network pass,
   as d1 uses it; the masking ELBO (`objectives.ElboPolicyGradient`) is the bound-based alternative. The mask token's
   logit is dropped (it is never a clean token), as in the ELBO.
+* `TrajectoryScorer` (diffusion runs; TraceRL, Wang et al. 2025): the sampler's own factorisation. The rollout
+  records the pass at which each completion position was committed (`commit_pass`); the position's log-prob is read
+  from a pass over the canvas as it stood then (earlier commits in place, the rest masked). With one forward per
+  sampler pass this is the sampler's exact probability of the completion whenever its choice of positions is a
+  function of the canvas (a margin or confidence rule, not a random order) and it draws at temperature 1 without a
+  constraint; `passes_per_forward` = s > 1 scores s consecutive passes from the canvas before the first of them
+  (TraceRL's shrinkage: 1/s of the forwards), and s >= the number of passes is the mean-field estimate again.
+  Differs from TraceRL: no value model, and a self-conditioned model is scored with its null signal at every pass.
 * `AutoregressiveScorer` (AR runs): the exact log-probs of a causal pass, token t read from position t - 1.
 
-Both return (log-probs, entropies), each (b, l) with zeros outside `completion`, plus the MoE auxiliary outputs.
+All return (log-probs, entropies), each (b, l) with zeros outside `completion`, plus the MoE auxiliary outputs; all
+take `commit_pass` (b, l) int32, which only the trajectory scorer reads (the others accept None).
 """
 
 from __future__ import annotations
@@ -30,6 +39,17 @@ def _scores(logits: Float[Array, "b l v"], targets: Int[Array, "b l"], where: Bo
     return jnp.where(where, at, 0.0), jnp.where(where, entropy, 0.0)
 
 
+def _masked_pass(model, params, tokens, undecided, scored, mask_id: int, null_signal: str):
+    """(log-probs, entropies, aux) at `scored` from one bidirectional pass with `undecided` masked; a self-conditioned
+    model gets its null signal (no earlier pass to condition on, as at a sampler's first step)."""
+    signal = None
+    if model.cfg.self_conditioning:
+        signal = T.model_method(model, params, "null_sc_signal", tokens.shape, kind=null_signal)
+    logits, aux = T.forward(model, params, jnp.where(undecided, mask_id, tokens), causal=False, sc_signal=signal)
+    logits = logits.at[..., mask_id].set(-jnp.inf)
+    return *_scores(logits, tokens, scored), aux
+
+
 @dataclasses.dataclass(frozen=True)
 class MeanFieldScorer:
     """d1's one-step estimator: the completion (and `prompt_masked`) masked, one bidirectional pass."""
@@ -44,14 +64,63 @@ class MeanFieldScorer:
         tokens: Int[Array, "b l"],
         completion: Bool[Array, "b l"],
         prompt_masked: Bool[Array, "b l"],
+        commit_pass: Int[Array, "b l"] | None = None,
     ) -> tuple[Float[Array, "b l"], Float[Array, "b l"], dict]:
-        noisy = jnp.where(completion | prompt_masked, self.mask_id, tokens)
-        signal = None
-        if self.model.cfg.self_conditioning:  # no first pass to condition on: the null signal, as at a first step
-            signal = T.model_method(self.model, params, "null_sc_signal", tokens.shape, kind=self.null_signal)
-        logits, aux = T.forward(self.model, params, noisy, causal=False, sc_signal=signal)
-        logits = logits.at[..., self.mask_id].set(-jnp.inf)
-        log_probs, entropy = _scores(logits, tokens, completion)
+        del commit_pass
+        undecided = completion | prompt_masked
+        return _masked_pass(self.model, params, tokens, undecided, completion, self.mask_id, self.null_signal)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectoryScorer:
+    """TraceRL's trajectory-aware log-probs: each completion position scored from the canvas at the pass that
+    committed it (`commit_pass`, from 0; grouped `passes_per_forward` at a time); `num_passes` forwards at most."""
+
+    model: T.Transformer
+    mask_id: int
+    num_passes: int
+    passes_per_forward: int = 1
+    null_signal: str = "zeros"
+
+    needs_commit_pass = True
+
+    def __post_init__(self):
+        if self.num_passes < 1 or self.passes_per_forward < 1:
+            raise ValueError(
+                f"the trajectory scorer needs num_passes={self.num_passes} >= 1 (the sampler's passes per completion) "
+                f"and passes_per_forward={self.passes_per_forward} >= 1 (config.rl.trajectory_passes_per_forward)."
+            )
+
+    @property
+    def num_forwards(self) -> int:
+        return -(-self.num_passes // self.passes_per_forward)
+
+    def __call__(
+        self,
+        params,
+        tokens: Int[Array, "b l"],
+        completion: Bool[Array, "b l"],
+        prompt_masked: Bool[Array, "b l"],
+        commit_pass: Int[Array, "b l"] | None = None,
+    ) -> tuple[Float[Array, "b l"], Float[Array, "b l"], dict]:
+        if commit_pass is None:
+            raise ValueError("the trajectory scorer needs each completion position's commit pass from the rollout.")
+        group = jnp.where(completion, commit_pass // self.passes_per_forward, -1)
+
+        @jax.checkpoint  # the backward pass recomputes each forward: it holds one forward's activations at a time
+        def one_group(params, g):
+            undecided = (completion & (group >= g)) | prompt_masked
+            scored = completion & (group == g)
+            return _masked_pass(self.model, params, tokens, undecided, scored, self.mask_id, self.null_signal)
+
+        def body(carry, g):  # a scan, so that the forwards run one after another
+            log_probs, entropy = carry
+            here, spread, aux = one_group(params, g)
+            return (log_probs + here, entropy + spread), aux
+
+        start = (jnp.zeros(tokens.shape, jnp.float32), jnp.zeros(tokens.shape, jnp.float32))
+        (log_probs, entropy), aux = jax.lax.scan(body, start, jnp.arange(self.num_forwards))
+        aux = jax.tree.map(lambda x: jnp.mean(x, axis=0), aux)
         return log_probs, entropy, aux
 
 
@@ -67,8 +136,9 @@ class AutoregressiveScorer:
         tokens: Int[Array, "b l"],
         completion: Bool[Array, "b l"],
         prompt_masked: Bool[Array, "b l"],
+        commit_pass: Int[Array, "b l"] | None = None,
     ) -> tuple[Float[Array, "b l"], Float[Array, "b l"], dict]:
-        del prompt_masked
+        del prompt_masked, commit_pass
         logits, aux = T.forward(self.model, params, tokens, causal=True)
         shifted = jnp.concatenate([jnp.zeros_like(logits[:, :1]), logits[:, :-1]], axis=1)  # position t reads t - 1
         scored = completion & (jnp.arange(tokens.shape[1]) > 0)[None, :]

@@ -265,6 +265,14 @@ class CanvasResult:
     trajectory: Int[Array, "s b c"] | None = None
 
 
+def commit_passes(trajectory: Int[np.ndarray, "s b c"], fixed: Bool[np.ndarray, "b c"], mask_id: int) -> np.ndarray:
+    """(b, c) int32 from a masking sampler's `trajectory`: the step (from 0) after which each position first held a
+    token; -1 for fixed positions and for positions still masked at the end (what RL's trajectory scorer reads)."""
+    written = np.asarray(trajectory) != mask_id
+    first = np.argmax(written, axis=0).astype(np.int32)
+    return np.where(written.any(axis=0) & ~np.asarray(fixed, bool), first, -1).astype(np.int32)
+
+
 def row_keys(key: Any, batch_size: int) -> Array:
     """One typed PRNG key per row: an int seed or a single key gives fold_in(key, row); (b,) keys are used as is.
 

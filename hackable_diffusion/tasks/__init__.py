@@ -83,7 +83,9 @@ class RewardTask(Task, Protocol):
 
     def rollout(self, exp: Experiment, params: Any, prompts: Any, *, seed: int, config: Any) -> Any:
         """One completion per prompt row from the run's jitted sampler (`config.sampler`: RL sets the temperature);
-        row i's randomness depends on (seed, i) alone."""
+        row i's randomness depends on (seed, i) alone. A task whose `records_commit_order` is True also takes
+        `record_order=True` and then returns (completions, the sampler pass that wrote each completion token, -1 where
+        none did), which RL's trajectory scorer reads."""
 
     def reward(self, prompts: Any, completions: Any) -> Any:
         """float32 (n,): 1.0 for an exactly right completion, 0.0 for a wrong or malformed one (never an exception);
@@ -91,7 +93,8 @@ class RewardTask(Task, Protocol):
 
     def policy_rows(self, exp: Experiment, prompts: Any, completions: Any) -> dict:
         """`{"tokens": int32 (n, l), "completion": bool (n, l)}`: the sequence the policy scores and which of its
-        positions the sampler generated (in place: the blanks; AR: the continuation after the prompt)."""
+        positions the sampler generated (in place: the blanks; AR: the continuation after the prompt). With
+        `commit_pass=` (a task that records the order) the rows also carry it as `commit_pass` (n, l)."""
 
 
 TASKS = {

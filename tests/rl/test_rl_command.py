@@ -11,7 +11,8 @@ from _tiny_sudoku import tiny_sudoku_config
 
 from hackable_diffusion import experiment, recipes, train
 from hackable_diffusion.checkpoints import toolbox
-from hackable_diffusion.rl import command
+from hackable_diffusion.rl import command, rollouts
+from hackable_diffusion.tasks.sudoku.inference import solve_puzzles
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +65,41 @@ def test_a_run_resumed_mid_rollout_equals_the_uninterrupted_one(source_run, tmp_
     assert (tmp_path / "whole" / "tensorboard").is_dir()
 
 
+def test_a_trajectory_scored_run_records_the_order_and_resumes_exactly(source_run, tmp_path):
+    config, source = source_run
+
+    def trajectory(steps):
+        r = rl_config(config, source, steps=steps)
+        r.rl.scorer, r.rl.trajectory_passes_per_forward = "trajectory", 2
+        return r
+
+    command.run_rl(trajectory(4), str(tmp_path / "whole"))
+    command.run_rl(trajectory(3), str(tmp_path / "parts"))  # stops inside rollout 2 (steps 3-4)
+    state = json.loads((tmp_path / "parts" / "checkpoints" / "3" / "data" / "process_0-of-1.json").read_text())
+    cached = rollouts._decode(state["cached"])
+    blanks = cached["completion"]
+    assert np.all(cached["commit_pass"][~blanks] == -1)
+    assert np.all((cached["commit_pass"][blanks] >= 0) & (cached["commit_pass"][blanks] < config.sampler.num_steps))
+    command.run_rl(trajectory(4), str(tmp_path / "parts"))
+    for a, b in zip(
+        jax.tree.leaves(final_params(tmp_path / "whole")[0]), jax.tree.leaves(final_params(tmp_path / "parts")[0])
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_order_is_recorded_for_one_plain_decode_only(source_run):
+    config, source = source_run
+    exp = experiment.from_workdir(str(source))
+    params = toolbox.load_params(exp, str(source), weights="ema")[0]
+    puzzles = exp.data.eval_puzzles[:2]
+    solution = solve_puzzles(exp, params, puzzles, config=exp.config, record_order=True, warm_up=False)
+    assert np.all((solution.commit_pass == -1) == (puzzles != 0))
+    repaired = exp.config.copy_and_resolve_references()
+    repaired.solver.repair_rounds = 1
+    with pytest.raises(ValueError, match="repair_rounds=0"):
+        solve_puzzles(exp, params, puzzles, config=repaired, record_order=True)
+
+
 def test_dynamic_sampling_draws_again_for_tied_groups(source_run, tmp_path):
     config, source = source_run
     r = rl_config(config, source, steps=3)
@@ -98,6 +134,8 @@ def test_evaluate_reads_an_rl_run(source_run, tmp_path):
         ("--config.rl.objective=ppo", "config.rl.objective='ppo' must be one of"),
         ("--config.rl.group_size=1", "group_size=1 >= 2"),
         ("--config.rl.temperature=0", "temperature=0"),
+        ("--config.rl.scorer=exact", "config.rl.scorer='exact' must be one of"),
+        ("--config.rl.trajectory_passes_per_forward=0", "trajectory_passes_per_forward=0 must be an integer >= 1"),
     ],
 )
 def test_bad_rl_settings_stop_with_one_line(tmp_path, override, message):

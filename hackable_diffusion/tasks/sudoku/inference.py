@@ -45,7 +45,7 @@ from jaxtyping import Int
 from hackable_diffusion import builders
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.sampling import generate as gen_lib
-from hackable_diffusion.sampling.canvas import DiffusionSampler, denoise_canvas, row_keys
+from hackable_diffusion.sampling.canvas import DiffusionSampler, commit_passes, denoise_canvas, row_keys
 from hackable_diffusion.tasks.sudoku import search as search_lib
 from hackable_diffusion.tasks.sudoku.grids import conflicting_cells
 from hackable_diffusion.tasks.sudoku.layouts import layout_of
@@ -207,6 +207,7 @@ class SudokuSolution:
     batch_forward_passes: int
     network_passes: np.ndarray
     search: dict[str, Any] | None = None
+    commit_pass: np.ndarray | None = None  # (n, 81) with record_order: the pass that wrote each cell, -1 for givens
 
 
 def solve_puzzles(
@@ -218,11 +219,13 @@ def solve_puzzles(
     batch_size: int = 256,
     config: ml_collections.ConfigDict | None = None,
     warm_up: bool = True,
+    record_order: bool = False,
 ) -> SudokuSolution:
     """Fills the blanks of `puzzles` (0 = blank) with the run's sampler and `config.solver` (see the module
     docstring); `config` defaults to the experiment's own (pass an overridden copy to try other settings).
     `warm_up=False` skips the untimed compile-and-warm-up batch of the sampler path (RL rollouts call this every
-    step and do not time it)."""
+    step and do not time it). `record_order=True` (the in-place sampler alone: no search, parallel attempts, repairs
+    or restarts) also returns the pass at which each cell was written (`SudokuSolution.commit_pass`)."""
     if not isinstance(exp.tokenizer, SudokuVocab):
         raise ValueError("solve_puzzles needs a Sudoku experiment (config.data.task='sudoku').")
     puzzles = np.asarray(puzzles)
@@ -230,6 +233,29 @@ def solve_puzzles(
         raise ValueError(f"puzzles must be a non-empty (n, 81) array, got shape {puzzles.shape}.")
     config = config or exp.config
     settings = SolverSettings.from_config(config)
+    if record_order:
+        if layout_of(config) != "in_place" or settings.search or settings.parallel_attempts > 1:
+            raise ValueError(
+                "the order in which cells were written is recorded for the in-place sampler alone (config.solver: no "
+                f"search, parallel_attempts=1); this run's layout is {layout_of(config)!r}, search "
+                f"{bool(settings.search)}, parallel_attempts {settings.parallel_attempts}."
+            )
+        if settings.repair_rounds or settings.restarts:
+            raise ValueError(
+                "the order in which cells were written is recorded for one decode per puzzle: set "
+                "config.solver.repair_rounds=0 and config.solver.restarts=0."
+            )
+        return _solve(
+            exp,
+            params,
+            puzzles,
+            settings,
+            seed=seed,
+            batch_size=batch_size,
+            config=config,
+            warm_up=warm_up,
+            record_order=True,
+        )
     if settings.search:
         return _solve_by_search(exp, params, puzzles, settings, batch_size=batch_size, config=config)
     if settings.parallel_attempts > 1:
@@ -240,7 +266,16 @@ def solve_puzzles(
 
 
 def _solve(
-    exp, params, puzzles, settings: SolverSettings, *, seed, batch_size, config, warm_up: bool = True
+    exp,
+    params,
+    puzzles,
+    settings: SolverSettings,
+    *,
+    seed,
+    batch_size,
+    config,
+    warm_up: bool = True,
+    record_order: bool = False,
 ) -> SudokuSolution:
     layout = layout_of(config)
     attempt_passes = settings.check(layout, config.sampler.num_steps)
@@ -257,6 +292,7 @@ def _solve(
     first_decoder = make_decoder(config)
     restart_decoder = make_decoder(restart_config(config, settings)) if settings.restarts else None
     empty_cache = init_cache(exp.model.cfg, b, 1)  # in place: no prefix, every slot invalid
+    orders: list[np.ndarray] = []  # record_order: each batch's commit passes, in the order the batches ran
 
     def run(chunk: np.ndarray, keys: jax.Array, decoder):
         """Solves up to b puzzles (0 = blank): (grids, steps per row, forward passes of the batch)."""
@@ -294,9 +330,21 @@ def _solve(
         else:
             canvas = decoder.initial_canvas(keys, b, fixed=fixed, fixed_tokens=tokens)
             result = denoise_canvas(
-                exp.model, params, empty_cache, canvas, keys, sampler=decoder, fixed=fixed, active=active
+                exp.model,
+                params,
+                empty_cache,
+                canvas,
+                keys,
+                sampler=decoder,
+                fixed=fixed,
+                active=active,
+                return_trajectory=record_order,
             )
             grids, used, forward_passes = result.canvas, result.steps, result.forward_passes
+            if record_order:
+                orders.append(
+                    commit_passes(np.asarray(result.trajectory), np.asarray(fixed), exp.process.mask_id)[:real]
+                )
         return vocab.decode(np.asarray(grids)[:real]), np.asarray(used)[:real], int(forward_passes)
 
     def solve_all(grids: np.ndarray, keys: jax.Array, decoder):
@@ -330,6 +378,7 @@ def _solve(
     for decoder in (first_decoder, restart_decoder):  # compile (and warm up) outside the timed loop
         if decoder is not None and warm_up:
             run(puzzles[:b], warm_up_keys, decoder)
+    orders.clear()
     start_time = time.perf_counter()
     preds, steps, passes = attempt(np.arange(n), jax.random.key(seed), first_decoder)
     conflicts = conflicting_cells(preds).sum(axis=-1)
@@ -347,7 +396,8 @@ def _solve(
         steps[todo] += new_steps
         passes += restart_passes
     seconds = time.perf_counter() - start_time
-    return SudokuSolution(preds, steps, seconds, passes, network_passes=steps)
+    order = np.concatenate(orders) if record_order else None
+    return SudokuSolution(preds, steps, seconds, passes, network_passes=steps, commit_pass=order)
 
 
 def _symmetric_copies(puzzles: Int[np.ndarray, "n 81"], attempts: int):

@@ -45,18 +45,28 @@ def sudoku_reward(
 
 
 def policy_rows(
-    puzzles: Int[np.ndarray, "n 81"], grids: Int[np.ndarray, "n 81"], *, layout: str
+    puzzles: Int[np.ndarray, "n 81"],
+    grids: Int[np.ndarray, "n 81"],
+    *,
+    layout: str,
+    commit_pass: Int[np.ndarray, "n 81"] | None = None,
 ) -> dict[str, np.ndarray]:
     """The rows the policy scored: in place, the 81 cells with the filled blanks as the completion; AR, [the puzzle as
     a prompt (MASK at blanks); the 81 cells], the second half the completion. Blanks a solver left empty are not
-    part of the completion (nothing was generated there)."""
+    part of the completion (nothing was generated there). `commit_pass` (in place only: the pass that wrote each
+    cell) is passed through as the rows' `commit_pass`."""
     vocab = SudokuVocab()
     puzzles, grids = _clean(puzzles), _clean(grids)
     filled = np.where(puzzles != 0, puzzles, grids)
     cells = vocab.encode(filled)
     generated: Bool[np.ndarray, "n 81"] = (puzzles == 0) & (filled != 0)
     if layout == "in_place":
-        return {"tokens": cells, "completion": generated}
+        rows = {"tokens": cells, "completion": generated}
+        if commit_pass is not None:
+            rows["commit_pass"] = np.asarray(commit_pass, np.int32).reshape(cells.shape)
+        return rows
+    if commit_pass is not None:
+        raise ValueError(f"commit passes are recorded for the in-place layout alone, not {layout!r}.")
     if layout == "ar":
         prompt = np.where(puzzles != 0, vocab.encode(puzzles), MASK_ID).astype(np.int32)
         solution = np.where(filled != 0, cells, vocab.encode(np.ones_like(filled)))  # an empty cell: never scored

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class SudokuTask:
     name: str = "sudoku"
+    records_commit_order: bool = True  # rollout(record_order=True): RL's trajectory scorer
 
     def check_config(self, config: ml_collections.ConfigDict) -> None:
         data_lib.check_data_config(config)
@@ -101,16 +102,26 @@ class SudokuTask:
         digits = exp.tokenizer.decode(exp.data.train_tokens)
         return np.where(exp.data.train_fixed, digits, 0).astype(np.int8)
 
-    def rollout(self, exp: Experiment, params, prompts, *, seed: int, config) -> Int[np.ndarray, "n 81"]:
-        """One grid per puzzle from the run's solver (`config.sampler`, `config.solver`), all rows in one batch."""
-        solution = solve_puzzles(exp, params, prompts, seed=seed, batch_size=len(prompts), config=config, warm_up=False)
-        return solution.predictions
+    def rollout(self, exp: Experiment, params, prompts, *, seed: int, config, record_order: bool = False):
+        """One grid per puzzle from the run's solver (`config.sampler`, `config.solver`), all rows in one batch;
+        with `record_order`, (grids, the pass that wrote each cell: -1 for givens) from the in-place sampler."""
+        solution = solve_puzzles(
+            exp,
+            params,
+            prompts,
+            seed=seed,
+            batch_size=len(prompts),
+            config=config,
+            warm_up=False,
+            record_order=record_order,
+        )
+        return (solution.predictions, solution.commit_pass) if record_order else solution.predictions
 
     def reward(self, prompts, completions, *, shaped: bool = False) -> np.ndarray:
         return rewards.sudoku_reward(prompts, completions, shaped=shaped)
 
-    def policy_rows(self, exp: Experiment, prompts, completions) -> dict[str, np.ndarray]:
-        return rewards.policy_rows(prompts, completions, layout=layouts.layout_of(exp.config))
+    def policy_rows(self, exp: Experiment, prompts, completions, commit_pass=None) -> dict[str, np.ndarray]:
+        return rewards.policy_rows(prompts, completions, layout=layouts.layout_of(exp.config), commit_pass=commit_pass)
 
     def report(self, exp: Experiment, params) -> str:
         num = exp.config.eval.num_puzzles or 16

@@ -66,7 +66,8 @@ def k3_kl(log_probs: Float[Array, "b l"], ref_log_probs: Float[Array, "b l"]) ->
 
 def score(scorer, params, batch: dict[str, Array]) -> tuple[Float[Array, "b l"], Float[Array, "b l"], dict]:
     """The scorer's (log-probs, entropies, aux) of the batch's completions (with its commit passes when it has them)."""
-    return scorer(params, batch["tokens"], batch["completion"], batch["prompt_masked"], batch.get("commit_pass"))
+    order = (batch["commit_pass"],) if "commit_pass" in batch else ()
+    return scorer(params, batch["tokens"], batch["completion"], batch["prompt_masked"], *order)
 
 
 def reference_kl(log_probs: Float[Array, "b l"], batch: dict[str, Array]) -> Float[Array, ""]:

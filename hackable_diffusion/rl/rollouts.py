@@ -128,7 +128,7 @@ class RolloutStream:
         self.needs_old = needs_old_log_probs
         self.reward_kwargs = dict(reward_kwargs or {})
         self.needs_order = bool(getattr(scorer, "needs_commit_pass", False))  # a trajectory scorer
-        self._score = jax.jit(lambda params, *rows: scorer(params, *rows)[0])  # rows: tokens, completion, mask, order
+        self._score = jax.jit(lambda params, *rows: scorer(params, *rows)[0])  # tokens, completion, mask[, order]
         self.rollout_index, self.draw_index, self.inner = 0, 0, 0
         self._cached: dict[str, np.ndarray] | None = None
         self._state_params: PyTree = None
@@ -229,7 +229,8 @@ class RolloutStream:
         else:
             rows, commit_pass = self.task.policy_rows(self.exp, prompts, completions), {}
         tokens, completion = np.asarray(rows["tokens"], np.int32), np.asarray(rows["completion"], bool)
-        jo = jnp.asarray(commit_pass["commit_pass"]) if commit_pass else None
+        scored = (jnp.asarray(tokens), jnp.asarray(completion))
+        extra = (jnp.asarray(commit_pass["commit_pass"]),) if commit_pass else ()  # a trajectory scorer's 5th argument
         n, length = tokens.shape
         masks = np.zeros((s.inner_updates, n, length), bool)
         if s.prompt_mask_prob > 0:
@@ -237,14 +238,13 @@ class RolloutStream:
             masks = (rng.random((s.inner_updates, n, length)) < s.prompt_mask_prob) & ~completion[None]
         old = np.zeros((s.inner_updates, n, length), np.float32)
         ref = np.zeros((s.inner_updates, n, length), np.float32)
-        jt, jc = jnp.asarray(tokens), jnp.asarray(completion)
         reference = self.reference_params(state_params) if self.reference_params is not None else None
         for j in range(s.inner_updates):
             jm = jnp.asarray(masks[j])
             if self.needs_old:
-                old[j] = np.asarray(self._score(params, jt, jc, jm, jo))
+                old[j] = np.asarray(self._score(params, *scored, jm, *extra))
             if reference is not None:
-                ref[j] = np.asarray(self._score(reference, jt, jc, jm, jo))
+                ref[j] = np.asarray(self._score(reference, *scored, jm, *extra))
             elif self.needs_old:
                 ref[j] = old[j]  # no KL term: the KL metric measures the drift from the rollout-time policy
         has_reference = reference is not None or self.needs_old

@@ -8,6 +8,8 @@
 `:ar` starts from runs/countdown_ar with GRPO on exact causal log-probs (no prompt masking); the default is
 diffu-GRPO on the masking run. Rollouts: the run's own sampler at temperature 0.7, K = 8 problems x G = 8 answers,
 two updates per rollout; reward 1 for an expression that reaches the target with the given numbers, else 0.
+Measured after 100 steps (3,200 completions; results/rl/README.md, "Countdown"), 955 held-out problems: masking 9.4%
+-> 8.7%, AR 30.2% -> 32.0%.
 """
 
 from hackable_diffusion import recipes
@@ -17,7 +19,7 @@ from hackable_diffusion.tasks.countdown import recipes as countdown_recipes
 def get_config(layout: str = "in_place"):
     if layout not in ("in_place", "ar"):
         raise ValueError(f"configs/rl_countdown.py:LAYOUT takes in_place or ar, got {layout!r}.")
-    c = countdown_recipes.countdown_config(layout=layout, steps=3000, batch_size=64)
+    c = countdown_recipes.countdown_config(layout=layout, steps=2000, batch_size=64)
     start = "runs/countdown" if layout == "in_place" else "runs/countdown_ar"
     c = recipes.rl_sections(
         c, checkpoint=start, objective="diffu_grpo" if layout == "in_place" else "ar_grpo", steps=100, peak_lr=1e-4

@@ -245,24 +245,23 @@ def solve_puzzles(
                 "the order in which cells were written is recorded for one decode per puzzle: set "
                 "config.solver.repair_rounds=0 and config.solver.restarts=0."
             )
-        return _solve(
-            exp,
-            params,
-            puzzles,
-            settings,
-            seed=seed,
-            batch_size=batch_size,
-            config=config,
-            warm_up=warm_up,
-            record_order=True,
-        )
     if settings.search:
         return _solve_by_search(exp, params, puzzles, settings, batch_size=batch_size, config=config)
     if settings.parallel_attempts > 1:
         return _solve_in_parallel_attempts(
             exp, params, puzzles, settings, seed=seed, batch_size=batch_size, config=config
         )
-    return _solve(exp, params, puzzles, settings, seed=seed, batch_size=batch_size, config=config, warm_up=warm_up)
+    return _solve(
+        exp,
+        params,
+        puzzles,
+        settings,
+        seed=seed,
+        batch_size=batch_size,
+        config=config,
+        warm_up=warm_up,
+        record_order=record_order,
+    )
 
 
 def _solve(

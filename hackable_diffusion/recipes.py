@@ -526,15 +526,19 @@ def distill_sections(
     c = _from_weights(config, checkpoint, lora_rank)
     c.distill = ml_collections.ConfigDict(
         dict(
-            method=method,  # "trajectory" (SDTT-style, masking runs) | "consistency" (DUO-style, greedy teacher)
+            method=method,  # "trajectory" (SDTT-style, masking) | "consistency" (DUO-style) | "reverse_kl" (on-policy)
             teacher_steps=teacher_steps,  # N: the teacher's steps per canvas
             student_steps=student_steps,  # k: the student's (must divide N)
             rest_weight=0.0,  # trajectory: weight of the teacher's final token at positions decided later
             pool_size=pool_size,  # teacher trajectories made once and cached in the run directory
-            batch_size=batch_size,  # canvases per step (each gives k student rows)
+            batch_size=batch_size,  # canvases per step (each gives k student rows); reverse_kl: prompts per step
             greedy_temperature=1e-4,  # consistency: the teacher's near-greedy temperature
             self_condition_prob=0.0,  # a model with a self-conditioner: its second pass, as pretraining
             keep="all",  # "correct": only trajectories ending on the training row's canvas (a puzzle's solution)
+            group_size=4,  # reverse_kl: student samples per prompt (leave-one-out baseline)
+            elbo_draws=4,  # reverse_kl: the teacher's ELBO estimate, passes per sample
+            target_sharpness=1.0,  # reverse_kl: beta, the student aims at p_teacher^beta
+            target_temperature=0.0,  # reverse_kl: the teacher's logits / tau in its ELBO (0: the sampler's T(t))
         )
     )
     return constant_lr_schedule(c, peak_lr, steps, warmup=20, log_every=10, eval_every=0, checkpoint_every=50)

@@ -9,7 +9,9 @@ diffusion recipe, sampler and solver sections (the layout the weights were train
 command line still applies to them); `distill.batch_size` canvases
 per step, each giving `student_steps` rows. The teacher's trajectories (`teacher.py`) are made once with the task's
 canvas sampler at `teacher_steps` (early stopping off; `consistency` draws near-greedily), cached in the run directory;
-the method (`methods.py`) turns them into the student's rows, `student_loss.py` is the loss. The run directory is the
+the method (`methods.py`) turns them into the student's rows, `student_loss.py` is the loss. The on-policy method
+(`reverse_kl`) makes no trajectories: the task's training rows are its prompts (`PromptStream`), the student samples
+at `student_steps` and `reverse_kl.py` is the loss. The run directory is the
 usual one (orbax checkpoints with exact resume of the data position, SIGINT/SIGTERM safe, a workdir lock,
 metrics.jsonl + TensorBoard, the task's evaluation every `train.eval_every` steps with the student's sampler); its
 config.json holds `sampler.num_steps = student_steps`, so `sample` and `evaluate` on it run the student as trained.
@@ -29,15 +31,17 @@ import ml_collections
 from hackable_diffusion import builders, cli, run_config
 from hackable_diffusion.checkpoints import base_weights
 from hackable_diffusion.distill import methods as methods_lib
+from hackable_diffusion.distill.reverse_kl import ReverseKLLoss
 from hackable_diffusion.distill.student_loss import StudentLoss
-from hackable_diffusion.distill.teacher import TeacherPool, build_pool
+from hackable_diffusion.distill.teacher import PromptStream, TeacherPool, build_pool
 from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import partitioning
 from hackable_diffusion.training.workdir_lock import WorkdirLock
 
 DISTILL_KEYS = (
     "method", "teacher_steps", "student_steps", "rest_weight", "pool_size", "batch_size", "greedy_temperature",
-    "self_condition_prob", "keep",
+    "self_condition_prob", "keep", "group_size", "elbo_draws", "target_sharpness",
+    "target_temperature",
 )  # fmt: skip
 #: sections a student takes from its teacher's run (the layout and task the weights were trained in)
 INHERITED_SECTIONS = ("data", "diffusion", "sampler", "solver", "eval")
@@ -45,7 +49,7 @@ INHERITED_SECTIONS = ("data", "diffusion", "sampler", "solver", "eval")
 
 def check_distill_config(
     config: ml_collections.ConfigDict,
-) -> methods_lib.TrajectoryDistillation | methods_lib.ConsistencyDistillation:
+) -> methods_lib.TrajectoryDistillation | methods_lib.ConsistencyDistillation | methods_lib.ReverseKLDistillation:
     """The checks of `config.distill` that need no weights; returns the method. ValueError names the key."""
     if "distill" not in config:
         raise ValueError("the config has no distill section: build it with recipes.distill_sections.")
@@ -63,7 +67,15 @@ def check_distill_config(
         raise ValueError(f"config.distill.keep={d.keep!r} must be 'all' or 'correct' (the teacher's successes).")
     if not 0 < float(d.greedy_temperature) <= 0.1:
         raise ValueError(f"config.distill.greedy_temperature={d.greedy_temperature} must lie in (0, 0.1].")
-    return methods_lib.build_method(str(d.method), int(d.student_steps), float(d.rest_weight))
+    return methods_lib.build_method(
+        str(d.method),
+        int(d.student_steps),
+        float(d.rest_weight),
+        group_size=int(d.get("group_size", 4)),
+        elbo_draws=int(d.get("elbo_draws", 4)),
+        target_sharpness=float(d.get("target_sharpness", 1.0)),
+        target_temperature=float(d.get("target_temperature", 1.0)),
+    )
 
 
 def resolve_config(
@@ -90,8 +102,9 @@ def resolve_config(
     return config
 
 
-def teacher_sampler(exp, config: ml_collections.ConfigDict, method):
-    """The task's canvas sampler at `teacher_steps`, early stopping off; near-greedy for a greedy-teacher method."""
+def teacher_sampler(exp, config: ml_collections.ConfigDict, method, num_steps: int | None = None):
+    """The task's canvas sampler at `teacher_steps` (or `num_steps`: the student's, for on-policy rollouts), early
+    stopping off; near-greedy for a greedy-teacher method."""
     from hackable_diffusion.sampling.early_stopping import NoEarlyStop
     from hackable_diffusion.sampling.temperature import AnnealedTemperature
 
@@ -99,7 +112,8 @@ def teacher_sampler(exp, config: ml_collections.ConfigDict, method):
     own = getattr(exp.task, "canvas_sampler", None)
     sampler = own(exp, config) if own is not None else builders.build_sampler(config, exp.process)
     canvas = int(config.diffusion.canvas_len or 0)
-    overrides = dict(num_steps=int(d.teacher_steps), early_stopping=NoEarlyStop())
+    steps = int(d.teacher_steps) if num_steps is None else num_steps
+    overrides = dict(num_steps=steps, early_stopping=NoEarlyStop())
     if canvas:
         overrides["canvas_length"] = canvas
     if method.greedy_teacher:
@@ -141,30 +155,12 @@ def _run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Seq
         base_weights.report_start(base, exp.model, config, path)
 
     d = config.distill
-    sampler = teacher_sampler(exp, config, method)
     teacher = jax.tree.map(jnp.asarray, base.params)
-    pool = build_pool(
-        model=exp.model,
-        params=teacher,
-        sampler=sampler,
-        prompt_batches=exp.task.train_iterator(exp, 0, 1),
-        canvas_len=int(config.diffusion.canvas_len or 0),
-        pool_size=int(d.pool_size),
-        seed=int(config.seed),
-        workdir=path,
-        meta={"teacher": base.source, "method_teacher_greedy": method.greedy_teacher},
-        keep_correct=d.get("keep", "all") == "correct",
-    )
-    stream = TeacherPool(
-        pool,
-        method,
-        batch_size=int(d.batch_size),
-        seed=int(config.seed),
-        mask_id=exp.process.mask_id if persistent else None,
-    )
-    objective = StudentLoss(
-        exp.model, self_condition_prob=float(d.self_condition_prob), null_signal=str(config.diffusion.null_signal)
-    )
+    canvas_len = int(config.diffusion.canvas_len or 0)
+    if method.on_policy:
+        stream, objective, made = _on_policy(exp, config, method, teacher, canvas_len)
+    else:
+        stream, objective, made = _from_teacher_pool(exp, config, method, teacher, canvas_len, path, base.source)
     adapter = builders.build_adapter(config)
     if adapter is None:
         init_fn = lambda key: teacher  # noqa: E731
@@ -185,7 +181,7 @@ def _run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Seq
         what = f"LoRA rank {adapter.rank}" if adapter else "full"
         print(
             f"Distillation ({method.name}) from {base.source}: {what}; teacher {d.teacher_steps} steps -> student "
-            f"{d.student_steps}; {len(pool['trajectory']):,} teacher trajectories, {d.batch_size} per step.",
+            f"{d.student_steps}; {made}, {d.batch_size} per step.",
             flush=True,
         )
     return loop.train(
@@ -200,6 +196,51 @@ def _run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Seq
         eval_fn=eval_fn if config.train.eval_every else None,
         trainable_mask=mask,
     )
+
+
+def _from_teacher_pool(exp, config, method, teacher, canvas_len: int, path, source: str):
+    """(stream, objective, description) of the trajectory and consistency methods: a cached teacher pool."""
+    d = config.distill
+    pool = build_pool(
+        model=exp.model,
+        params=teacher,
+        sampler=teacher_sampler(exp, config, method),
+        prompt_batches=exp.task.train_iterator(exp, 0, 1),
+        canvas_len=canvas_len,
+        pool_size=int(d.pool_size),
+        seed=int(config.seed),
+        workdir=path,
+        meta={"teacher": source, "method_teacher_greedy": method.greedy_teacher},
+        keep_correct=d.get("keep", "all") == "correct",
+    )
+    stream = TeacherPool(
+        pool,
+        method,
+        batch_size=int(d.batch_size),
+        seed=int(config.seed),
+        mask_id=getattr(exp.process, "mask_id", None),
+    )
+    objective = StudentLoss(
+        exp.model, self_condition_prob=float(d.self_condition_prob), null_signal=str(config.diffusion.null_signal)
+    )
+    return stream, objective, f"{len(pool['trajectory']):,} teacher trajectories"
+
+
+def _on_policy(exp, config, method, teacher, canvas_len: int):
+    """(stream, objective, description) of the reverse-KL method: the task's training rows as prompts, the student's
+    own samples at `student_steps` (the task's sampler, early stopping off), the frozen teacher's ELBO."""
+    sampler = teacher_sampler(exp, config, method, num_steps=int(config.distill.student_steps))
+    objective = ReverseKLLoss(
+        exp.model,
+        teacher,
+        sampler,
+        group_size=method.group_size,
+        elbo_draws=method.elbo_draws,
+        target_sharpness=method.target_sharpness,
+        target_temperature=method.target_temperature,
+    )
+    stream = PromptStream(exp.task.train_iterator(exp, 0, 1), canvas_len)
+    return stream, objective, f"on-policy, {method.group_size} samples per prompt, {method.elbo_draws} ELBO draws"
 
 
 def define_flags(argv: list[str]):

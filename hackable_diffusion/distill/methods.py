@@ -22,6 +22,9 @@ The student's loss is the weighted cross-entropy of its one-pass logits at the s
   of the output then comes from the prompt alone: the steps frontier reports unigram/bigram entropy for that).
 
 Fixed positions (puzzle givens, infill context) never carry a target.
+
+* `ReverseKLDistillation` needs no teacher trajectories: the student samples on-policy and a policy gradient moves
+  it towards the teacher's likelihood (`reverse_kl.py`, DiDi-Instruct's idea with the teacher's ELBO as the density).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import dataclasses
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
-METHODS = ("trajectory", "consistency")
+METHODS = ("trajectory", "consistency", "reverse_kl")
 
 
 def student_grid(num_teacher_steps: int, num_student_steps: int) -> int:
@@ -72,6 +75,7 @@ class TrajectoryDistillation:
     rest_weight: float = 0.0
     name = "trajectory"
     greedy_teacher = False  # the teacher samples at its own temperature
+    on_policy = False  # trains on cached teacher trajectories
 
     def __post_init__(self):
         if self.rest_weight < 0:
@@ -107,6 +111,7 @@ class ConsistencyDistillation:
     student_steps: int
     name = "consistency"
     greedy_teacher = True
+    on_policy = False
 
     def check_process(self, persistent: bool) -> None:
         del persistent  # both processes
@@ -124,9 +129,57 @@ class ConsistencyDistillation:
         return StudentRows(states.astype(np.int32), final.astype(np.int32), open_.astype(np.float32))
 
 
-def build_method(name: str, student_steps: int, rest_weight: float = 0.0):
+@dataclasses.dataclass(frozen=True)
+class ReverseKLDistillation:
+    """On-policy reverse KL to the teacher's likelihood (`reverse_kl.py`): G student samples per prompt, each scored
+    by its exact path log-probability and the teacher's ELBO from `elbo_draws` passes, its logits divided by
+    `target_temperature` (0: the sampler's temperature at each noise level); `target_sharpness` beta aims at
+    p_teacher^beta."""
+
+    student_steps: int
+    group_size: int = 4
+    elbo_draws: int = 4
+    target_sharpness: float = 1.0
+    target_temperature: float = 1.0
+    name = "reverse_kl"
+    greedy_teacher = False
+    on_policy = True  # no teacher trajectories: the student's own samples, scored by the teacher
+
+    def __post_init__(self):
+        if self.group_size < 2:
+            raise ValueError(f"config.distill.group_size={self.group_size} must be >= 2 (the leave-one-out baseline).")
+        if self.elbo_draws < 1:
+            raise ValueError(f"config.distill.elbo_draws={self.elbo_draws} must be >= 1.")
+        if not self.target_sharpness > 0:
+            raise ValueError(f"config.distill.target_sharpness={self.target_sharpness} must be > 0.")
+        if self.target_temperature < 0:
+            raise ValueError(
+                f"config.distill.target_temperature={self.target_temperature} must be > 0, or 0 for the sampler's own "
+                "temperature at each noise level."
+            )
+
+    def check_process(self, persistent: bool) -> None:
+        if not persistent:
+            raise ValueError(
+                "config.distill.method='reverse_kl' needs a masking run (a path's probability is a product over "
+                "committed tokens); a uniform run re-noises positions: use method='consistency'."
+            )
+
+
+def build_method(
+    name: str,
+    student_steps: int,
+    rest_weight: float = 0.0,
+    *,
+    group_size: int = 4,
+    elbo_draws: int = 4,
+    target_sharpness: float = 1.0,
+    target_temperature: float = 1.0,
+):
     if name == "trajectory":
         return TrajectoryDistillation(student_steps, rest_weight)
     if name == "consistency":
         return ConsistencyDistillation(student_steps)
+    if name == "reverse_kl":
+        return ReverseKLDistillation(student_steps, group_size, elbo_draws, target_sharpness, target_temperature)
     raise ValueError(f"config.distill.method={name!r} must be one of {METHODS}.")

@@ -156,6 +156,45 @@ def build_pool(
     return pool
 
 
+class PromptStream:
+    """The on-policy methods' train iterator: the task's training batches as prompts (`split_batch`), no teacher
+    trajectories; its checkpointed state is the task iterator's own."""
+
+    def __init__(self, batches, canvas_len: int):
+        self.batches, self.canvas_len = batches, canvas_len
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        prompts = split_batch(next(self.batches), self.canvas_len)
+        return {
+            "prefix": prompts.prefix,
+            "prefix_mask": prompts.prefix_mask,
+            "canvas_tokens": prompts.canvas_tokens,
+            "fixed": prompts.fixed,
+        }
+
+    def start_prefetch(self) -> None:
+        if hasattr(self.batches, "start_prefetch"):
+            self.batches.start_prefetch()
+
+    def get_state(self) -> bytes:  # grain's checkpoint handler takes bytes from an iterator of its own kind only
+        state = self.batches.get_state()
+        return state if isinstance(state, bytes) else json.dumps({"task_iterator": state}).encode()
+
+    def set_state(self, state: bytes | str) -> None:
+        raw = state.encode() if isinstance(state, str) else state
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and set(parsed) == {"task_iterator"}:
+            self.batches.set_state(parsed["task_iterator"])
+        else:
+            self.batches.set_state(raw)
+
+
 class TeacherPool:
     """The distillation run's train iterator over a pool of teacher trajectories (see the module docstring)."""
 

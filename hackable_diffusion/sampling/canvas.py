@@ -315,12 +315,14 @@ def tile_cache(cache: KVCache, copies: int) -> KVCache:
     """The cache repeated `copies` times along the batch, copy-major (rows k*b .. (k+1)*b - 1 are copy k)."""
     if copies == 1:
         return cache
-    layers = tuple({name: jnp.concatenate([x] * copies, axis=1) for name, x in layer.items()} for layer in cache.layers)
-    return cache.replace(
-        layers=layers,
-        positions=jnp.concatenate([cache.positions] * copies, axis=0),
-        valid=jnp.concatenate([cache.valid] * copies, axis=0),
-    )
+
+    def tile(x, axis):
+        reps = [1] * x.ndim
+        reps[axis] = copies
+        return jnp.tile(x, reps)
+
+    layers = tuple({name: tile(x, 1) for name, x in layer.items()} for layer in cache.layers)
+    return cache.replace(layers=layers, positions=tile(cache.positions, 0), valid=tile(cache.valid, 0))
 
 
 def _denoise(

@@ -195,14 +195,15 @@ def distill_config(source_dir, method="trajectory", steps=4):
 
 
 @pytest.mark.slow
-def test_a_resumed_distillation_equals_the_uninterrupted_one(trained_text_runs, tmp_path):
+@pytest.mark.parametrize("method", ["trajectory", "reverse_kl"])
+def test_a_resumed_distillation_equals_the_uninterrupted_one(trained_text_runs, tmp_path, method):
     source = trained_text_runs["masking"]
     whole = tmp_path / "whole"
-    command.run_distill(distill_config(source, steps=4), str(whole))
+    command.run_distill(distill_config(source, method, steps=4), str(whole))
     half = tmp_path / "half"
-    command.run_distill(distill_config(source, steps=2), str(half))
-    assert (half / "teacher_pool.npz").exists()
-    command.run_distill(distill_config(source, steps=4), str(half))  # resumes at 2, reads the cached pool
+    command.run_distill(distill_config(source, method, steps=2), str(half))
+    assert (half / "teacher_pool.npz").exists() == (method == "trajectory")  # on-policy: no pool
+    command.run_distill(distill_config(source, method, steps=4), str(half))  # resumes at 2 (the cached pool)
     a, b = (toolbox.load_params(experiment.from_workdir(str(d)), str(d), weights="raw") for d in (whole, half))
     assert a[1] == b[1] == 4
     for x, y in zip(jax.tree.leaves(a[0]), jax.tree.leaves(b[0])):
@@ -277,6 +278,14 @@ def test_bad_distill_settings_stop_with_one_line(trained_text_runs, tmp_path):
         f"--workdir={tmp_path / 'bad2'}",
     )
     assert "method='consistency'" in one_error_line(out)
+    out = run_module(
+        "hackable_diffusion.distill",
+        "--config=configs/distill_shakespeare_masking.py:reverse_kl",
+        f"--init_from=toolbox:{source}",
+        f"--workdir={tmp_path / 'bad3'}",
+        "--config.distill.group_size=1",
+    )
+    assert "group_size=1 must be >= 2" in one_error_line(out)
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 

@@ -47,8 +47,8 @@ from jaxtyping import Array, Bool, Float, Int
 
 from hackable_diffusion.diffusion import elbos
 from hackable_diffusion.diffusion.objectives import aux_loss, moe_metrics
+from hackable_diffusion.distill.student_loss import prefix_cache
 from hackable_diffusion.models import transformer as T
-from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.sampling import canvas as canvas_lib
 from hackable_diffusion.sampling.selection import StepInfo
 
@@ -81,13 +81,7 @@ def leave_one_out(costs: Float[Array, "g b"]) -> Float[Array, "g b"]:
 
 
 def _prefix_cache(model, params, batch: dict[str, Array], copies: int):
-    prefix = batch["prefix"]
-    b = batch["fixed"].shape[0]
-    if not prefix.shape[1]:  # in place: no prefix, every slot invalid
-        return init_cache(model.cfg, copies * b, 1)
-    cache = init_cache(model.cfg, b, prefix.shape[1])
-    _, cache = T.append(model, params, prefix, cache, token_mask=batch["prefix_mask"])
-    return canvas_lib.tile_cache(cache, copies)
+    return prefix_cache(model, params, batch["prefix"], batch["prefix_mask"], batch["fixed"].shape[0], copies)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,16 @@ from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.sampling.canvas import tile_cache
 
 
+def prefix_cache(model: T.Transformer, params, prefix, prefix_mask, batch_size: int, copies: int):
+    """The prefix (b, p) encoded causally with `params`, the cache tiled `copies` times copy-major; without a prefix
+    (None or p = 0: a canvas in place) an empty cache of copies * b rows, every slot invalid."""
+    if prefix is None or not prefix.shape[1]:
+        return init_cache(model.cfg, copies * batch_size, 1)
+    cache = init_cache(model.cfg, batch_size, prefix.shape[1])
+    _, cache = T.append(model, params, prefix, cache, token_mask=prefix_mask)
+    return tile_cache(cache, copies)
+
+
 @dataclasses.dataclass(frozen=True)
 class StudentLoss:
     """(params, batch, rng) -> (loss, metrics) for the student; batch: states / targets / weights (b, k, c), optional
@@ -35,13 +45,7 @@ class StudentLoss:
         states = batch["states"]
         b, k, c = states.shape
         rows = jnp.swapaxes(states, 0, 1).reshape(k * b, c)  # copy-major, as tile_cache lays out the cache
-        if "prefix" in batch:
-            prefix = batch["prefix"]
-            cache = init_cache(self.model.cfg, b, prefix.shape[1])
-            _, cache = T.append(self.model, params, prefix, cache, token_mask=batch["prefix_mask"])
-            cache = tile_cache(cache, k)
-        else:
-            cache = init_cache(self.model.cfg, k * b, 1)
+        cache = prefix_cache(self.model, params, batch.get("prefix"), batch.get("prefix_mask"), b, k)
 
         def run(signal):
             return T.decode_block(self.model, params, rows, cache, sc_signal=signal)

@@ -5,7 +5,7 @@
   python -m hackable_diffusion.distill --config configs/distill_shakespeare_masking.py:consistency \
       --workdir runs/distill_consistency
   python -m hackable_diffusion.distill --config configs/distill_shakespeare_masking.py:reverse_kl \
-      --workdir runs/distill_reverse_kl
+      --workdir runs/distill_reverse_kl --config.sampler.selection.min_count=even --config.distill.shared_noise=True
   python experiments/steps_frontier.py --teacher runs/shakespeare_masking --ar runs/shakespeare_ar \
       --students runs/distill:trajectory,runs/distill_consistency:consistency
 
@@ -13,7 +13,9 @@ The student inherits the teacher run's data, diffusion recipe and sampler (docs/
 samples at `distill.student_steps`. `--config.distill.student_steps=2` (any divisor of teacher_steps) makes another
 point of the frontier; `--init_from toolbox:RUN` names another teacher. `reverse_kl` trains on the student's own
 samples (16 prompts x 4 per step) at 3e-4, the rate measured in results/text/README.md ("Few-step decoding"); the
-learning rates of the other two are the recipe's.
+learning rates of the other two are the recipe's. The student inherits the teacher's sampler, whose entropy-bound
+rule has no floor: at 4 steps per canvas give it `--config.sampler.selection.min_count=even`, as the measured students
+were (results/text/README.md).
 """
 
 from hackable_diffusion import recipes

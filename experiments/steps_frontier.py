@@ -11,6 +11,9 @@ own sampler at S steps per canvas (early stopping off, so every canvas takes exa
   * unigram and bigram entropy of the continuations in bits (a collapsed few-step student can score a low perplexity
     with repetitive text; its entropies fall),
   * tokens/s at batch `--num_prompts` (a compiling call first, then a timed one; other jobs on the machine change it).
+`--min_count even` sets every diffusion model's selection floor (an entropy-bound sampler without one spends a budget
+below the canvas length one position per step and decides the rest in its last step). A student named RUN@STEP is
+measured at that kept checkpoint (to pick a stopping step on the frontier).
 `--config.sampler.<key>=value` arguments change the students' samplers (e.g. their temperature), not the teacher's.
 The AR run's own samples are one more row (its temperature, one pass per token). Writes FILE.jsonl (one row per
 model and budget), FILE.png (gen. perplexity and entropies against steps per canvas) and prints one JSON line with
@@ -54,12 +57,15 @@ def prompts_from(exp, num: int, length: int, seed: int) -> list[str]:
     return out
 
 
-def with_steps(exp, steps: int):
+def with_steps(exp, steps: int, floor: str = ""):
+    """The run at `steps` per canvas, early stopping off; `floor`: the selection rule's `min_count` (e.g. "even")."""
     from hackable_diffusion import recipes
 
     config = exp.config.copy_and_resolve_references()
     config.sampler.num_steps = steps
     config.sampler.early_stopping = recipes.early_stopping("none")
+    if floor:
+        config.sampler.selection.min_count = floor
     return dataclasses.replace(exp, config=config)
 
 
@@ -118,7 +124,17 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--teacher", required=True)
-    parser.add_argument("--students", default="", help="RUN:LABEL,RUN:LABEL (label defaults to the folder name)")
+    parser.add_argument(
+        "--students",
+        default="",
+        help="RUN[@STEP]:LABEL,... (label: default the folder name; @STEP: that kept checkpoint, default the latest)",
+    )
+    parser.add_argument(
+        "--min_count",
+        default="",
+        help="every diffusion model's selection floor (sampler.selection.min_count), e.g. even: without one an "
+        "entropy-bound sampler at fewer steps than canvas positions decides what is left in its last step",
+    )
     parser.add_argument("--ar", required=True, help="the autoregressive scorer run")
     parser.add_argument("--steps", default="1,2,4,8,16,32")
     parser.add_argument("--num_prompts", type=int, default=32)
@@ -133,10 +149,11 @@ def main() -> None:
 
     cli.quiet_library_logs()
     budgets = [int(s) for s in args.steps.split(",") if s]
-    runs = [(args.teacher, "teacher")]
+    runs = [(args.teacher, None, "teacher")]
     for item in filter(None, args.students.split(",")):
         run, _, label = item.partition(":")
-        runs.append((run, label or pathlib.Path(run).name))
+        run, _, at = run.partition("@")
+        runs.append((run, int(at) if at else None, label or pathlib.Path(run).name))
     ar = exp_lib.from_workdir(args.ar)
     ar_params, ar_step = toolbox.load_params(ar, args.ar)
     if not ar.is_autoregressive:
@@ -145,14 +162,16 @@ def main() -> None:
     prompts = prompts_from(teacher_exp, args.num_prompts, args.prompt_len, args.seed)
     rows = []
     command = " ".join([cli.argparse_command("experiments/steps_frontier.py", args), *overrides])
-    for run, label in runs:
+    for run, at, label in runs:
         exp = exp_lib.from_workdir(run)
-        params, step = toolbox.load_params(exp, run)
+        params, step = toolbox.load_params(exp, run, step=at)
         if label != "teacher" and overrides:
             exp = dataclasses.replace(exp, config=cli.parse_config_overrides(exp.config, overrides))
         for steps in budgets:
             started = time.perf_counter()
-            out = measure(with_steps(exp, steps), params, prompts, args.new_tokens, ar, ar_params, args.seed)
+            out = measure(
+                with_steps(exp, steps, args.min_count), params, prompts, args.new_tokens, ar, ar_params, args.seed
+            )
             row = {"label": label, "run": run, "checkpoint_step": int(step), "steps_per_canvas": steps, **out}
             row["wall_seconds"] = time.perf_counter() - started
             rows.append(row)

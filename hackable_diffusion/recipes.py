@@ -10,6 +10,7 @@ its own sections (Sudoku: `config.solver`, `tasks/sudoku/recipes.py`).
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -447,8 +448,9 @@ def sft_config(
 
 
 def _from_weights(config: ml_collections.ConfigDict, checkpoint: str, lora_rank: int) -> ml_collections.ConfigDict:
-    """A copy of `config` that starts from a toolbox run (`init`), full or LoRA (`lora`, rank 0: full)."""
-    c = config.copy_and_resolve_references()
+    """A copy of `config` that starts from a toolbox run (`init`), full or LoRA (`lora`, rank 0: full). A deep copy,
+    so the sampler's typed placeholders (e.g. `selection.min_count`) stay settable on the command line."""
+    c = copy.deepcopy(config)
     c.init = init_section("toolbox", checkpoint)
     c.lora = ml_collections.ConfigDict(
         dict(rank=lora_rank, alpha=float(max(2 * lora_rank, 1)), targets=lora_lib.DEFAULT_TARGETS,
@@ -539,6 +541,8 @@ def distill_sections(
             elbo_draws=4,  # reverse_kl: the teacher's ELBO estimate, passes per sample
             target_sharpness=1.0,  # reverse_kl: beta, the student aims at p_teacher^beta
             target_temperature=0.0,  # reverse_kl: the teacher's logits / tau in its ELBO (0: the sampler's T(t))
+            shared_noise=False,  # reverse_kl: a prompt's samples share their ELBO draws' noise (common random numbers)
+            exact_entropy=False,  # reverse_kl: the student's log q terms by their exact conditional expectations
         )
     )
     return constant_lr_schedule(c, peak_lr, steps, warmup=20, log_every=10, eval_every=0, checkpoint_every=50)

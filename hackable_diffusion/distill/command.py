@@ -41,7 +41,7 @@ from hackable_diffusion.training.workdir_lock import WorkdirLock
 DISTILL_KEYS = (
     "method", "teacher_steps", "student_steps", "rest_weight", "pool_size", "batch_size", "greedy_temperature",
     "self_condition_prob", "keep", "group_size", "elbo_draws", "target_sharpness",
-    "target_temperature",
+    "target_temperature", "shared_noise", "exact_entropy",
 )  # fmt: skip
 #: sections a student takes from its teacher's run (the layout and task the weights were trained in)
 INHERITED_SECTIONS = ("data", "diffusion", "sampler", "solver", "eval")
@@ -75,6 +75,8 @@ def check_distill_config(
         elbo_draws=int(d.get("elbo_draws", 4)),
         target_sharpness=float(d.get("target_sharpness", 1.0)),
         target_temperature=float(d.get("target_temperature", 1.0)),
+        shared_noise=bool(d.get("shared_noise", False)),
+        exact_entropy=bool(d.get("exact_entropy", False)),
     )
 
 
@@ -177,6 +179,19 @@ def _run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Seq
     def eval_fn(params, ema_params):
         return task_eval(student(params), None if ema_params is None else student(ema_params))
 
+    selection = config.sampler.get("selection", {})
+    if (
+        jax.process_index() == 0
+        and selection.get("rule") == "entropy_bound"
+        and not selection.get("min_count")
+        and canvas_len > int(d.student_steps)
+    ):
+        print(
+            f"Note: the student's entropy-bound rule has no floor, so at {d.student_steps} steps per canvas of "
+            f"{canvas_len} it decides what is left in its last step; --config.sampler.selection.min_count=even "
+            "spreads the decisions evenly (results/text/README.md, 'Few-step decoding').",
+            flush=True,
+        )
     if jax.process_index() == 0:
         what = f"LoRA rank {adapter.rank}" if adapter else "full"
         print(
@@ -238,6 +253,8 @@ def _on_policy(exp, config, method, teacher, canvas_len: int):
         elbo_draws=method.elbo_draws,
         target_sharpness=method.target_sharpness,
         target_temperature=method.target_temperature,
+        shared_noise=method.shared_noise,
+        exact_entropy=method.exact_entropy,
     )
     stream = PromptStream(exp.task.train_iterator(exp, 0, 1), canvas_len)
     return stream, objective, f"on-policy, {method.group_size} samples per prompt, {method.elbo_draws} ELBO draws"

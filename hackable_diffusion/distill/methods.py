@@ -134,13 +134,16 @@ class ReverseKLDistillation:
     """On-policy reverse KL to the teacher's likelihood (`reverse_kl.py`): G student samples per prompt, each scored
     by its exact path log-probability and the teacher's ELBO from `elbo_draws` passes, its logits divided by
     `target_temperature` (0: the sampler's temperature at each noise level); `target_sharpness` beta aims at
-    p_teacher^beta."""
+    p_teacher^beta; `shared_noise`: a prompt's G samples share their ELBO draws' noise (common random numbers);
+    `exact_entropy`: the student's log q terms by their exact conditional expectations (Rao-Blackwell)."""
 
     student_steps: int
     group_size: int = 4
     elbo_draws: int = 4
     target_sharpness: float = 1.0
     target_temperature: float = 1.0
+    shared_noise: bool = False
+    exact_entropy: bool = False
     name = "reverse_kl"
     greedy_teacher = False
     on_policy = True  # no teacher trajectories: the student's own samples, scored by the teacher
@@ -175,11 +178,15 @@ def build_method(
     elbo_draws: int = 4,
     target_sharpness: float = 1.0,
     target_temperature: float = 1.0,
+    shared_noise: bool = False,
+    exact_entropy: bool = False,
 ):
     if name == "trajectory":
         return TrajectoryDistillation(student_steps, rest_weight)
     if name == "consistency":
         return ConsistencyDistillation(student_steps)
     if name == "reverse_kl":
-        return ReverseKLDistillation(student_steps, group_size, elbo_draws, target_sharpness, target_temperature)
+        return ReverseKLDistillation(
+            student_steps, group_size, elbo_draws, target_sharpness, target_temperature, shared_noise, exact_entropy
+        )
     raise ValueError(f"config.distill.method={name!r} must be one of {METHODS}.")

@@ -19,6 +19,12 @@ Each canvas x comes with its path: the positions the selection rule committed at
   decoding orders of a product of per-position conditionals, so this is the teacher decoded one position at a
   time at that temperature, each conditional normalised; raising the whole likelihood to a power (beta below)
   instead favours the repetitive strings a language model scores highest;
+* `exact_entropy` (Rao-Blackwellisation): each -log q_s term of a cost to go is replaced by its conditional
+  expectation given the step's state, the entropy H_s of that step's draw (exact from the same pass), and the own
+  step's term E[log q_s grad log q_s] by its exact value -grad H_s; the same expected gradient, without the noise of
+  which tokens the student happened to draw;
+* `shared_noise`: the G canvases of a prompt share the noise levels and masks of their ELBO draws (common random
+  numbers), so the part of the estimation noise they share cancels against the leave-one-out baseline;
 * the cost c = log q(x) - beta log p(x) (beta = `target_sharpness`: beta > 1 aims at the teacher sharpened
   globally, p^beta) has expectation KL(q || p^beta / Z) - log Z, and its
   gradient is E_q[(c - b) grad log q(x)] with the leave-one-out mean of the group's other G - 1 costs as the
@@ -68,10 +74,32 @@ def path_log_probs(
 ) -> Float[Array, "k b"]:
     """log q of a sampled path, per step: the log-probabilities of the tokens committed at step s under that step's
     shaped logits, summed over positions (sum over steps: the path's log q)."""
-    shaped = (logits.astype(jnp.float32) + bias) / temperatures[:, None, None, None]
-    log_probs = jax.nn.log_softmax(shaped, axis=-1)
-    at = jnp.take_along_axis(log_probs, jnp.broadcast_to(tokens[None, ..., None], log_probs.shape[:-1] + (1,)), -1)
-    return jnp.sum(jnp.where(committed, at[..., 0], 0.0), axis=2)
+    return _path_terms(_shaped_log_probs(logits, temperatures, bias), tokens, committed)[0]
+
+
+def path_entropies(
+    logits: Float[Array, "k b c v"],
+    committed: Bool[Array, "k b c"],
+    temperatures: Float[Array, "k"],
+    bias: Float[Array, "v"],
+) -> Float[Array, "k b"]:
+    """H_s: the entropy of step s's draw given its state (the committed positions' shaped distributions, summed), the
+    conditional expectation of -log q_s."""
+    return _path_terms(_shaped_log_probs(logits, temperatures, bias), None, committed)[1]
+
+
+def _shaped_log_probs(logits, temperatures, bias):
+    return jax.nn.log_softmax((logits.astype(jnp.float32) + bias) / temperatures[:, None, None, None], axis=-1)
+
+
+def _path_terms(log_probs, tokens, committed):
+    """(log q per step or None, entropy per step) from the shaped log-probabilities of the k states."""
+    log_q = None
+    if tokens is not None:
+        index = jnp.broadcast_to(tokens[None, ..., None], log_probs.shape[:-1] + (1,))
+        log_q = jnp.sum(jnp.where(committed, jnp.take_along_axis(log_probs, index, -1)[..., 0], 0.0), axis=2)
+    entropy = -jnp.sum(jnp.exp(log_probs) * jnp.where(jnp.isfinite(log_probs), log_probs, 0.0), axis=-1)
+    return log_q, jnp.sum(jnp.where(committed, entropy, 0.0), axis=2)
 
 
 def leave_one_out(costs: Float[Array, "g b"]) -> Float[Array, "g b"]:
@@ -95,6 +123,8 @@ class ReverseKLLoss:
     elbo_draws: int = 4
     target_sharpness: float = 1.0
     target_temperature: float = 1.0  # 0: the sampler's own temperature at each draw's noise level
+    shared_noise: bool = False  # the G samples of a prompt share the ELBO draws' noise levels and masks
+    exact_entropy: bool = False  # the log q terms by their exact conditional expectations (Rao-Blackwell)
 
     def __post_init__(self):
         if not self.sampler.persistent:
@@ -129,7 +159,10 @@ class ReverseKLLoss:
         )
         return start, result.trajectory, rows_fixed
 
-    def student_path_log_probs(self, params, batch, start, trajectory) -> tuple[Float[Array, "k gb"], dict]:
+    def student_path_log_probs(
+        self, params, batch, start, trajectory
+    ) -> tuple[Float[Array, "k gb"], Float[Array, "k gb"], dict]:
+        """(log q of each step's draw, the entropy of each step's draw given its state, the MoE aux outputs)."""
         k, gb, c = trajectory.shape
         states = jnp.concatenate([start[None], trajectory[:-1]], axis=0).reshape(k * gb, c)
         cache = _prefix_cache(self.model, params, batch, k * self.group_size)
@@ -141,22 +174,27 @@ class ReverseKLLoss:
             [self.sampler.temperature(StepInfo.at(s, k, self.sampler.process.schedule, True, True).t) for s in range(k)]
         ).astype(jnp.float32)
         committed = commit_steps(start, trajectory, self.sampler.process.mask_id)
-        log_q = path_log_probs(
-            logits.reshape(k, gb, c, -1), trajectory[-1], committed, temperatures, self.sampler.logit_bias()
-        )
-        return log_q, aux
+        log_probs = _shaped_log_probs(logits.reshape(k, gb, c, -1), temperatures, self.sampler.logit_bias())
+        log_q, entropy = _path_terms(log_probs, trajectory[-1], committed)
+        return log_q, entropy, aux
 
     def teacher_elbo(self, batch, tokens: Int[Array, "gb c"], fixed: Bool[Array, "gb c"], key) -> Float[Array, "gb"]:
         """The teacher's masking ELBO of each canvas given its prompt (nats), mean of `elbo_draws` stratified draws;
-        its logits divided by `target_temperature` first (0: by the sampler's temperature at the draw's t)."""
+        its logits divided by `target_temperature` first (0: by the sampler's temperature at the draw's t). Rows are
+        G groups of b prompts; with `shared_noise` the G canvases of a prompt see the same noise levels and the same
+        uniforms deciding which positions are masked (common random numbers), so the estimation noise they share
+        cancels in the leave-one-out differences; each canvas's estimate stays unbiased."""
         n, gb = self.elbo_draws, tokens.shape[0]
+        rows = batch["fixed"].shape[0] if self.shared_noise else gb
+        copies = gb // rows
         process = self.sampler.process
         u_key, mask_key = jax.random.split(key)
-        t = (jax.random.uniform(u_key, (1, gb)) + jnp.arange(n)[:, None]) / n  # stratified over [0, 1)
-        t = jnp.clip(t, 1e-3, 1.0).reshape(n * gb)
+        t = (jax.random.uniform(u_key, (1, rows)) + jnp.arange(n)[:, None]) / n  # stratified over [0, 1)
+        t = jnp.clip(jnp.tile(t, (1, copies)), 1e-3, 1.0).reshape(n * gb)
         x0 = jnp.tile(tokens, (n, 1))
         free = ~jnp.tile(fixed, (n, 1))
-        masked = free & (jax.random.uniform(mask_key, x0.shape) >= process.schedule.alpha(t)[:, None])
+        uniforms = jnp.tile(jax.random.uniform(mask_key, (n, rows, tokens.shape[1])), (1, copies, 1))
+        masked = free & (uniforms.reshape(x0.shape) >= process.schedule.alpha(t)[:, None])
         xt = jnp.where(masked, process.mask_id, x0)
         cache = _prefix_cache(self.model, self.teacher_params, batch, n * self.group_size)
         sc = None
@@ -175,16 +213,21 @@ class ReverseKLLoss:
         rollout_key, elbo_key = jax.random.split(rng)
         start, trajectory, fixed = self.rollout(params, batch, rollout_key)
         tokens = trajectory[-1]
-        step_log_q, aux = self.student_path_log_probs(params, batch, start, trajectory)  # (k, G b)
+        step_log_q, step_entropy, aux = self.student_path_log_probs(params, batch, start, trajectory)  # (k, G b)
         log_q = jnp.sum(step_log_q, axis=0)
         log_p = jax.lax.stop_gradient(self.teacher_elbo(batch, tokens, fixed, elbo_key))
         free_tokens = jnp.maximum(jnp.sum(~fixed, axis=-1).astype(jnp.float32), 1.0)
         cost = jax.lax.stop_gradient(log_q - self.target_sharpness * log_p) / free_tokens
         # the draws of step s cannot change the log q of earlier steps: each step's tokens answer for the cost to go
-        to_go = jnp.cumsum(jax.lax.stop_gradient(step_log_q)[::-1], axis=0)[::-1] - self.target_sharpness * log_p
+        own = jax.lax.stop_gradient(-step_entropy if self.exact_entropy else step_log_q)
+        to_go = jnp.cumsum(own[::-1], axis=0)[::-1] - self.target_sharpness * log_p
+        if self.exact_entropy:  # E[log q_s grad log q_s | state] = -grad H_s: the own step's term by its exact value
+            to_go = to_go - own
         k, g = step_log_q.shape[0], self.group_size
         centred = jax.vmap(leave_one_out)((to_go / free_tokens).reshape(k, g, -1)).reshape(k, -1)
         surrogate = jnp.sum(jnp.mean(centred * step_log_q, axis=1))
+        if self.exact_entropy:
+            surrogate = surrogate - jnp.sum(jnp.mean(step_entropy / free_tokens, axis=1))
         loss = surrogate + aux_loss(aux)
         metrics = {
             "loss": loss,

@@ -329,3 +329,16 @@ def test_command_line_overrides_apply_after_the_teachers_sections_are_inherited(
     assert resolved.data.seq_len == 48 and resolved.diffusion.canvas_len == 16  # the teacher's layout
     assert resolved.sampler.min_temperature == 0.3 and resolved.sampler.max_temperature == 0.9
     assert resolved.sampler.num_steps == 2 and resolved.data.batch_size == 8  # the student's budget and batch
+
+
+def test_the_distill_recipe_takes_a_selection_floor_and_the_estimator_keys_on_the_command_line():
+    """The recipe keeps the sampler's typed placeholders (a resolved copy would turn them into untyped Nones)."""
+    from hackable_diffusion import cli
+
+    recipe = cli.load_config_file("configs/distill_shakespeare_masking.py:reverse_kl")
+    config = cli.parse_config_overrides(
+        recipe, ["--config.sampler.selection.min_count=even", "--config.distill.shared_noise=True"]
+    )
+    assert config.sampler.selection.min_count == "even" and config.distill.shared_noise is True
+    method = command.check_distill_config(config)
+    assert method.shared_noise and not method.exact_entropy

@@ -74,7 +74,7 @@ def path_log_probs(
 ) -> Float[Array, "k b"]:
     """log q of a sampled path, per step: the log-probabilities of the tokens committed at step s under that step's
     shaped logits, summed over positions (sum over steps: the path's log q)."""
-    return _path_terms(_shaped_log_probs(logits, temperatures, bias), tokens, committed)[0]
+    return _committed_log_q(_shaped_log_probs(logits, temperatures, bias), tokens, committed)
 
 
 def path_entropies(
@@ -85,21 +85,23 @@ def path_entropies(
 ) -> Float[Array, "k b"]:
     """H_s: the entropy of step s's draw given its state (the committed positions' shaped distributions, summed), the
     conditional expectation of -log q_s."""
-    return _path_terms(_shaped_log_probs(logits, temperatures, bias), None, committed)[1]
+    return _committed_entropy(_shaped_log_probs(logits, temperatures, bias), committed)
 
 
 def _shaped_log_probs(logits, temperatures, bias):
     return jax.nn.log_softmax((logits.astype(jnp.float32) + bias) / temperatures[:, None, None, None], axis=-1)
 
 
-def _path_terms(log_probs, tokens, committed):
-    """(log q per step or None, entropy per step) from the shaped log-probabilities of the k states."""
-    log_q = None
-    if tokens is not None:
-        index = jnp.broadcast_to(tokens[None, ..., None], log_probs.shape[:-1] + (1,))
-        log_q = jnp.sum(jnp.where(committed, jnp.take_along_axis(log_probs, index, -1)[..., 0], 0.0), axis=2)
+def _committed_log_q(log_probs, tokens, committed):
+    """Per step, the summed shaped log-probabilities of the tokens committed at that step."""
+    index = jnp.broadcast_to(tokens[None, ..., None], log_probs.shape[:-1] + (1,))
+    return jnp.sum(jnp.where(committed, jnp.take_along_axis(log_probs, index, -1)[..., 0], 0.0), axis=2)
+
+
+def _committed_entropy(log_probs, committed):
+    """Per step, the summed entropies of the committed positions' shaped distributions."""
     entropy = -jnp.sum(jnp.exp(log_probs) * jnp.where(jnp.isfinite(log_probs), log_probs, 0.0), axis=-1)
-    return log_q, jnp.sum(jnp.where(committed, entropy, 0.0), axis=2)
+    return jnp.sum(jnp.where(committed, entropy, 0.0), axis=2)
 
 
 def leave_one_out(costs: Float[Array, "g b"]) -> Float[Array, "g b"]:
@@ -161,8 +163,9 @@ class ReverseKLLoss:
 
     def student_path_log_probs(
         self, params, batch, start, trajectory
-    ) -> tuple[Float[Array, "k gb"], Float[Array, "k gb"], dict]:
-        """(log q of each step's draw, the entropy of each step's draw given its state, the MoE aux outputs)."""
+    ) -> tuple[Float[Array, "k gb"], Float[Array, "k gb"] | None, dict]:
+        """(log q of each step's draw, the entropy of each step's draw given its state (with `exact_entropy`, else
+        None: a pass over the vocabulary saved), the MoE aux outputs)."""
         k, gb, c = trajectory.shape
         states = jnp.concatenate([start[None], trajectory[:-1]], axis=0).reshape(k * gb, c)
         cache = _prefix_cache(self.model, params, batch, k * self.group_size)
@@ -175,8 +178,8 @@ class ReverseKLLoss:
         ).astype(jnp.float32)
         committed = commit_steps(start, trajectory, self.sampler.process.mask_id)
         log_probs = _shaped_log_probs(logits.reshape(k, gb, c, -1), temperatures, self.sampler.logit_bias())
-        log_q, entropy = _path_terms(log_probs, trajectory[-1], committed)
-        return log_q, entropy, aux
+        entropy = _committed_entropy(log_probs, committed) if self.exact_entropy else None
+        return _committed_log_q(log_probs, trajectory[-1], committed), entropy, aux
 
     def teacher_elbo(self, batch, tokens: Int[Array, "gb c"], fixed: Bool[Array, "gb c"], key) -> Float[Array, "gb"]:
         """The teacher's masking ELBO of each canvas given its prompt (nats), mean of `elbo_draws` stratified draws;

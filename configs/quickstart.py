@@ -8,10 +8,12 @@ the entropy-bound rule (EB-Sampler / DiffusionGemma), canvas after canvas.
 
 Masking rather than DiffusionGemma's uniform noise: the uniform sampler re-randomises every position it does not
 accept, and a model this small accepts few, so minutes of training leave its samples mostly noise.
+`configs/quickstart.py:uniform` is the same model with DiffusionGemma's uniform recipe (the few-step distillation
+study trains it 5x longer, results/text/README.md).
 """
 
 from hackable_diffusion import recipes
 
 
-def get_config():
-    return recipes.quickstart_config("masking")
+def get_config(process: str = "masking"):
+    return recipes.quickstart_config(process or "masking")

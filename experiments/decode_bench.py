@@ -58,6 +58,7 @@ from hackable_diffusion.sampling import generate as gen_lib
 from hackable_diffusion.sampling.canvas import DiffusionSampler, canvas_logits
 from hackable_diffusion.sampling.draws import DRAWS, make_draw
 from hackable_diffusion.sampling.early_stopping import NoEarlyStop
+from hackable_diffusion.sampling.selection import SELECTION_RULES, make_selection
 from hackable_diffusion.training.metrics import measure_peak_matmul_flops
 
 SPECIAL_IDS = (0, 1, 2, 3)  # PAD, EOS, BOS, MASK: never sampled here
@@ -297,6 +298,7 @@ def run(args) -> list[dict]:
                 early_stopping=NoEarlyStop(),
                 forbidden_tokens=SPECIAL_IDS,
                 draw=make_draw(args.draw),
+                selection=make_selection(args.selection),
             )
 
             def generate(max_new, sampler=sampler, on_device=False, first=None):  # one cache size: the same programs
@@ -342,7 +344,8 @@ def run(args) -> list[dict]:
                 "canvases": n,
                 "cache_tokens": cache_length,
                 "steps_per_canvas": steps,
-                "steps_note": "fixed (random weights; early stopping off), entropy-bound selection",
+                "steps_note": "fixed (random weights; early stopping off)",
+                "selection": args.selection,
                 "draw": args.draw,
                 "canvas_loop": args.canvas_loop,
                 "measured_peaks": {
@@ -455,6 +458,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--draw", default="gumbel_max", choices=sorted(DRAWS), help="how candidates are drawn (sampling/draws.py)"
+    )
+    parser.add_argument(
+        "--selection",
+        default="entropy_bound",
+        choices=sorted(SELECTION_RULES),
+        help="the canvas sampler's selection rule (its own defaults; every canvas takes exactly the stated steps)",
     )
     parser.add_argument(
         "--weights", default="native", help="native, fp8 or both (native,fp8): fp8 = weight-only FP8 step programs"

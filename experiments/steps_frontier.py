@@ -11,10 +11,16 @@ own sampler at S steps per canvas (early stopping off, so every canvas takes exa
   * unigram and bigram entropy of the continuations in bits (a collapsed few-step student can score a low perplexity
     with repetitive text; its entropies fall),
   * tokens/s at batch `--num_prompts` (a compiling call first, then a timed one; other jobs on the machine change it).
-`--min_count even` sets every diffusion model's selection floor (an entropy-bound sampler without one spends a budget
-below the canvas length one position per step and decides the rest in its last step). A student named RUN@STEP is
+`--min_count even` sets the selection floor of every diffusion model whose rule is the entropy bound (without one it
+spends a budget below the canvas length one position per step and decides the rest in its last step; the other rules
+count their positions per step themselves). A student named RUN@STEP is
 measured at that kept checkpoint (to pick a stopping step on the frontier).
 `--config.sampler.<key>=value` arguments change the students' samplers (e.g. their temperature), not the teacher's.
+`--cooled MAX/MIN,...` measures every diffusion model also at these temperature schedules (its sampler anneals from
+MAX at full noise to MIN at none), and `--teacher_rules dilated,...` the teacher also under other selection rules
+(their own defaults), at the same budgets: a student that only learned to sample colder lands on the teacher's curve,
+so a student's gain is its distance below the cooled teacher at equal unigram entropy (FILE_plane.png: gen. perplexity
+against unigram entropy, one panel per budget).
 The AR run's own samples are one more row (its temperature, one pass per token). Writes FILE.jsonl (one row per
 model and budget), FILE.png (gen. perplexity and entropies against steps per canvas) and prints one JSON line with
 the gen. perplexity of each model at each budget.
@@ -64,7 +70,7 @@ def with_steps(exp, steps: int, floor: str = ""):
     config = exp.config.copy_and_resolve_references()
     config.sampler.num_steps = steps
     config.sampler.early_stopping = recipes.early_stopping("none")
-    if floor:
+    if floor and config.sampler.selection.rule == "entropy_bound":  # the one rule with a floor (others count)
         config.sampler.selection.min_count = floor
     return dataclasses.replace(exp, config=config)
 
@@ -121,6 +127,52 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     fig.savefig(path, dpi=90)
 
 
+def plot_plane(rows: list[dict], path: pathlib.Path) -> None:
+    """Gen. perplexity against unigram entropy, one panel per budget: each model (the teacher, the teacher under
+    another rule, each student) one curve through its own and its cooled temperature schedules."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = sorted({r["steps_per_canvas"] for r in rows if r["steps_per_canvas"]})
+    fig, axes = plt.subplots(1, len(budgets), figsize=(4 * len(budgets), 3.6), squeeze=False)
+    for ax, steps in zip(axes[0], budgets):
+        at = [r for r in rows if r["steps_per_canvas"] == steps]
+        for model in dict.fromkeys(r.get("model", r["label"]) for r in at if r["label"] != "ar"):
+            curve = sorted(
+                (r for r in at if r.get("model", r["label"]) == model), key=lambda r: r["gen_unigram_entropy_bits"]
+            )
+            xs, ys = [r["gen_unigram_entropy_bits"] for r in curve], [r["gen_ppl"] for r in curve]
+            ax.plot(xs, ys, "-o", color="k" if model == "teacher" else None, label=model)
+            for r, x, y in zip(curve, xs, ys):
+                if r["label"] != model:
+                    ax.annotate(r["label"].removeprefix(model + "_"), (x, y), fontsize=6)
+        ax.set_yscale("log")
+        ax.set_title(f"{steps} steps per canvas", fontsize=9)
+        ax.set_xlabel("unigram entropy of the samples (bits)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("generative perplexity under the AR run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def cooled_schedules(spec: str) -> list[tuple[float, float]]:
+    """Parses "0.6/0.3,0.5/0.25" into [(0.6, 0.3), (0.5, 0.25)]: (temperature at full noise, at none) pairs."""
+    out = []
+    for item in filter(None, spec.split(",")):
+        high, sep, low = item.partition("/")
+        try:
+            pair = (float(high), float(low))
+        except ValueError:
+            pair = None
+        if not sep or pair is None or not 0 < pair[1] <= pair[0]:
+            raise ValueError(f"--cooled {item!r} must be MAX/MIN with 0 < MIN <= MAX, e.g. 0.6/0.3.")
+        out.append(pair)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--teacher", required=True)
@@ -134,6 +186,16 @@ def main() -> None:
         default="",
         help="every diffusion model's selection floor (sampler.selection.min_count), e.g. even: without one an "
         "entropy-bound sampler at fewer steps than canvas positions decides what is left in its last step",
+    )
+    parser.add_argument(
+        "--cooled",
+        default="",
+        help="MAX/MIN,...: every diffusion model also at these temperature schedules (full noise / none)",
+    )
+    parser.add_argument(
+        "--teacher_rules",
+        default="",
+        help="RULE,...: the teacher again with each of these selection rules (e.g. dilated), measured at every budget",
     )
     parser.add_argument("--ar", required=True, help="the autoregressive scorer run")
     parser.add_argument("--steps", default="1,2,4,8,16,32")
@@ -149,11 +211,17 @@ def main() -> None:
 
     cli.quiet_library_logs()
     budgets = [int(s) for s in args.steps.split(",") if s]
-    runs = [(args.teacher, None, "teacher")]
+    try:
+        cooled = cooled_schedules(args.cooled)
+    except ValueError as err:
+        cli.fail(str(err))
+    models = [(args.teacher, None, "teacher", None)]
+    models += [(args.teacher, None, f"teacher_{rule}", rule) for rule in filter(None, args.teacher_rules.split(","))]
     for item in filter(None, args.students.split(",")):
         run, _, label = item.partition(":")
         run, _, at = run.partition("@")
-        runs.append((run, int(at) if at else None, label or pathlib.Path(run).name))
+        models.append((run, int(at) if at else None, label or pathlib.Path(run).name, None))
+    runs = [(*model, temps) for model in models for temps in [None, *cooled]]
     ar = exp_lib.from_workdir(args.ar)
     ar_params, ar_step = toolbox.load_params(ar, args.ar)
     if not ar.is_autoregressive:
@@ -162,17 +230,26 @@ def main() -> None:
     prompts = prompts_from(teacher_exp, args.num_prompts, args.prompt_len, args.seed)
     rows = []
     command = " ".join([cli.argparse_command("experiments/steps_frontier.py", args), *overrides])
-    for run, at, label in runs:
+    for run, at, model, rule, temps in runs:
         exp = exp_lib.from_workdir(run)
         params, step = toolbox.load_params(exp, run, step=at)
-        if label != "teacher" and overrides:
+        if not model.startswith("teacher") and overrides:
             exp = dataclasses.replace(exp, config=cli.parse_config_overrides(exp.config, overrides))
+        config = exp.config.copy_and_resolve_references()
+        if rule:
+            config.sampler.selection = {"rule": rule}
+        if temps:
+            config.sampler.max_temperature, config.sampler.min_temperature = temps
+        exp = dataclasses.replace(exp, config=config)
+        label = model + (f"_T{temps[0]:g}/{temps[1]:g}" if temps else "")
         for steps in budgets:
             started = time.perf_counter()
             out = measure(
                 with_steps(exp, steps, args.min_count), params, prompts, args.new_tokens, ar, ar_params, args.seed
             )
-            row = {"label": label, "run": run, "checkpoint_step": int(step), "steps_per_canvas": steps, **out}
+            row = {"label": label, "model": model, "run": run, "checkpoint_step": int(step), "steps_per_canvas": steps}
+            row.update(out)
+            row["temperature"] = [float(exp.config.sampler.max_temperature), float(exp.config.sampler.min_temperature)]
             row["wall_seconds"] = time.perf_counter() - started
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "sample"}), flush=True)
@@ -185,6 +262,7 @@ def main() -> None:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     plot(rows, path.with_suffix(".png"))
+    plot_plane(rows, path.parent / (path.name + "_plane.png"))
     summary = {
         r["label"] + (f"@{r['steps_per_canvas']}" if r["steps_per_canvas"] else ""): round(r["gen_ppl"], 2)
         for r in rows

@@ -40,6 +40,9 @@ Rules and their references:
     Kim et al. use 0.5 on puzzles; Gumbel-top-k with scale tau samples positions without replacement from
     softmax(score / tau), which is Dream's `alg_temp`. Optional `also_above`: every undecided position whose score
     reaches it is accepted too (a threshold on top of the count; not in Kim et al.).
+  * `dilated` -- the Dilated Unmasking Scheduler (DUS; Luxembourg et al. 2025): `TopK` with the model-free
+    `DilatedOrder` score and `EvenCount`, so each step decides positions far apart and later steps fill the gaps
+    between decided ones.
   * `ConfidenceThreshold` -- Fast-dLLM (Wu et al. 2025): accept every undecided position with confidence >= tau
     (default 0.9) and always the most confident one, so every step makes progress.
   * `ReMDMCap`, `ReMDMRescale` -- ReMDM (Wang et al. 2025): a decided token is re-masked with probability sigma_t
@@ -71,6 +74,7 @@ from typing import Any, ClassVar
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from hackable_diffusion.diffusion.schedules import Schedule
@@ -246,7 +250,35 @@ class NegEntropy:
         return -entropy(logits)
 
 
-SUMMARY_SCORES = (Confidence, Margin, NegEntropy)  # the scores that also read a `LogitSummary`
+def dilated_rank(length: int) -> np.ndarray:
+    """Each canvas position's place in the dilated order, coarse to fine: positions ordered by the power of two that
+    divides them (0 first, then 16, 8, 24, then 4, 12, 20, 28, ... for 32), then by index; all odd positions last.
+    Taken a few at a time, the positions of one step are far apart and those of later steps fall between positions
+    already decided."""
+    index = np.arange(length)
+    level = np.array([(i & -i).bit_length() - 1 if i else length.bit_length() for i in range(length)])
+    order = np.lexsort((index, -level))  # by level (descending), then index
+    rank = np.empty(length, np.int64)
+    rank[order] = index
+    return rank
+
+
+@dataclasses.dataclass(frozen=True)
+class DilatedOrder:
+    """A fixed, model-free score: earlier in the dilated order scores higher (Dilated Unmasking Scheduler, DUS;
+    Luxembourg et al. 2025: positions decided together are non-adjacent, so under a first-order Markov view of the
+    text their joint entropy is the sum of their own). Difference: DUS partitions a block into log2(B) dilation
+    groups, one per step; here the order is fixed and the count rule says how many of it each step takes."""
+
+    def __call__(
+        self, logits: Float[Array, "b c v"] | LogitSummary, candidates: Int[Array, "b c"]
+    ) -> Float[Array, "b c"]:
+        del logits
+        rank = jnp.asarray(dilated_rank(candidates.shape[-1]), jnp.float32)
+        return jnp.broadcast_to(-rank, candidates.shape)
+
+
+SUMMARY_SCORES = (Confidence, Margin, NegEntropy, DilatedOrder)  # the scores that also read a `LogitSummary`
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -531,6 +563,7 @@ SELECTION_RULES: dict[str, Any] = {
     "top_k_entropy": lambda **kw: TopK(score=NegEntropy(), **kw),
     "maskgit": lambda **kw: TopK(score=Confidence(), count=CosineCount(), **kw),
     "llada": lambda **kw: TopK(score=Confidence(), count=EvenCount(), **kw),
+    "dilated": lambda **kw: TopK(score=DilatedOrder(), **{"count": EvenCount(), **kw}),
     "threshold": ConfidenceThreshold,
     "remdm_cap": ReMDMCap,
     "remdm_rescale": ReMDMRescale,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from _commands import one_error_line, run_module
 
-from hackable_diffusion import experiment, recipes
+from hackable_diffusion import cli, experiment, recipes
 from hackable_diffusion.checkpoints import toolbox
 from hackable_diffusion.diffusion.processes import MaskingProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
@@ -214,6 +214,27 @@ def test_a_resumed_distillation_equals_the_uninterrupted_one(trained_text_runs, 
 
 
 @pytest.mark.slow
+def test_the_uniform_recipe_distils_a_uniform_run_by_consistency_with_its_self_conditioner(trained_text_runs, tmp_path):
+    c = cli.load_config_file("configs/distill_shakespeare_uniform.py")
+    assert c.distill.method == "consistency" and c.distill.self_condition_prob == 0.5
+    c.init = recipes.init_section("toolbox", str(trained_text_runs["uniform"]))
+    c.distill.update(teacher_steps=4, student_steps=2, pool_size=16, batch_size=8)
+    c.train.update(num_steps=2, checkpoint_every=2, log_every=1)
+    c.optimizer.warmup_steps = 1
+    student = tmp_path / "student"
+    command.run_distill(c, str(student))
+    saved = json.loads((student / "config.json").read_text())
+    assert saved["diffusion"]["process"] == "uniform" and saved["sampler"]["num_steps"] == 2
+    params, step = toolbox.load_params(experiment.from_workdir(str(student)), str(student), weights="raw")
+    names = ["/".join(map(str, path)) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+    assert step == 2 and any("self_conditioner" in name for name in names)  # trained with the rest
+    losses = [json.loads(line) for line in (student / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(m["loss"]) for m in losses if "loss" in m)
+    with pytest.raises(ValueError, match="method='consistency'"):  # the path methods refuse a uniform run
+        command.run_distill(distill_config(trained_text_runs["uniform"], "trajectory", steps=2), str(tmp_path / "t"))
+
+
+@pytest.mark.slow
 def test_the_student_learns_the_teachers_greedy_output(tmp_path):
     """Consistency distillation of a random tiny model on a fixed pool: after training, the student's one-step
     greedy canvas agrees with the teacher's 4-step greedy canvas on far more positions than before."""
@@ -333,7 +354,6 @@ def test_command_line_overrides_apply_after_the_teachers_sections_are_inherited(
 
 def test_the_distill_recipe_takes_a_selection_floor_and_the_estimator_keys_on_the_command_line():
     """The recipe keeps the sampler's typed placeholders (a resolved copy would turn them into untyped Nones)."""
-    from hackable_diffusion import cli
 
     recipe = cli.load_config_file("configs/distill_shakespeare_masking.py:reverse_kl")
     config = cli.parse_config_overrides(

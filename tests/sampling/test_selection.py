@@ -75,6 +75,34 @@ def test_entropy_bound_min_count_spreads_a_step_budget():
     np.testing.assert_array_equal(wide[0], np.asarray(ahead[0]))
 
 
+def test_dilated_rule_decides_far_apart_positions_first_and_fills_the_gaps():
+    assert list(np.argsort(S.dilated_rank(8))) == [0, 4, 2, 6, 1, 3, 5, 7]
+    assert sorted(S.dilated_rank(12)) == list(range(12))  # any length: a permutation
+    rule = S.make_selection("dilated")
+    assert rule == S.TopK(score=S.DilatedOrder(), count=S.EvenCount())
+    assert S.make_selection("dilated", count="cosine").count == S.CosineCount()
+    # The logits do not matter: a canvas of 32 in 4 steps takes the multiples of 4, then 2 mod 4, then the odd ones.
+    logits = jax.random.normal(jax.random.key(1), (2, 32, 5))
+    cand = jnp.zeros((2, 32), jnp.int32)
+    undecided = jnp.ones((2, 32), bool)
+    steps = []
+    for step in range(4):
+        accept, remask = rule(KEYS1, logits, cand, undecided, info(step=step, num_steps=4, shape=(2, 32)))
+        assert not remask.any() and not (accept & ~undecided).any()
+        np.testing.assert_array_equal(accept[0], accept[1])
+        steps.append(np.flatnonzero(accept[0]))
+        undecided = undecided & ~accept
+    assert not undecided.any()
+    assert list(steps[0]) == list(range(0, 32, 4)) and list(steps[1]) == list(range(2, 32, 4))
+    assert list(steps[2]) == list(range(1, 16, 2)) and list(steps[3]) == list(range(17, 32, 2))
+    for chosen in steps:  # no two neighbours are decided in the same step
+        assert np.all(np.diff(chosen) > 1)
+    # Fixed positions are skipped: the order continues with the next undecided ones.
+    undecided = jnp.ones((1, 8), bool).at[0, 0].set(False)
+    accept, _ = rule(KEYS1, logits[:1, :8], cand[:1, :8], undecided, info(step=0, num_steps=2, shape=(1, 8)))
+    np.testing.assert_array_equal(np.flatnonzero(accept[0]), [2, 4, 6])
+
+
 def test_confidence_threshold_accepts_confident_positions_and_always_progresses():
     logits = logits_from_probs(PROBS)
     cand = jnp.array([[0, 0, 1, 2]])  # confidences 1, 0.99, 0.5, 0.25

@@ -22,22 +22,25 @@ attention (QK^T and PV over the keys each layer sees: the sliding window for loc
 median of `--repeats` calls after a compiling call. Time to first token: the first canvas generated (prefill, its
 steps, the commit) for diffusion; the prefill plus one decode step for AR.
 
-One JSON line per steps-per-canvas setting: `canvas` and `ar` blocks with `tokens_per_s`, `step_s`, `bytes_per_step`,
-`gbps`, `frac_bw_peak`, `flops_per_step`, `frac_flops_peak`, `ttft_s`; the prefill; `ratio` (canvas tokens/s over AR
-tokens/s); the measured peaks and the device. `tokens_per_s_from_steps` is what the step programs alone allow
-(canvas: canvas / ((steps + 1) x step time), the +1 being the commit; AR: 1 / step time). `--weights fp8` quantizes
-the weights on the device (`models/quantize.py`) and the step programs read FP8 and dequantize inside; its generation
-figures are then computed from the measured step programs (prefill + (steps + 1) canvas steps per canvas; AR: one
-step per token), since the sampler itself takes plain weights. `--first_canvas 16,32` adds a `first_canvas` block per
-length F: the time to first token when the first canvas holds only F tokens (then whole canvases, the last one F
-shorter), its ratio to AR's,
-and the tokens/s of the whole answer with it (`tokens_per_s_loss` against the plain canvases). `--out DIR` also writes
-`decode_bench.jsonl` and a markdown table there.
+`--selection dilated,entropy_bound` times the canvas sampler under each selection rule (the rule a distilled or
+few-step sampler decodes with; the step program is the same, the selection and generation figures are the rule's).
+
+One JSON line per selection rule and steps-per-canvas setting: `canvas` and `ar` blocks with `tokens_per_s`, `step_s`,
+`bytes_per_step`, `gbps`, `frac_bw_peak`, `flops_per_step`, `frac_flops_peak`, `ttft_s`; the prefill; `ratio` (canvas
+tokens/s over AR tokens/s); the measured peaks and the device. `tokens_per_s_from_steps` is what the step programs alone
+allow (canvas: canvas / ((steps + 1) x step time), the +1 being the commit; AR: 1 / step time). `--weights fp8`
+quantizes the weights on the device (`models/quantize.py`) and the step programs read FP8 and dequantize inside; its
+generation figures are then computed from the measured step programs (prefill + (steps + 1) canvas steps per canvas; AR:
+one step per token), since the sampler itself takes plain weights. `--first_canvas 16,32` adds a `first_canvas` block
+per length F: the time to first token when the first canvas holds only F tokens (then whole canvases, the last one F
+shorter), its ratio to AR's, and the tokens/s of the whole answer with it (`tokens_per_s_loss` against the plain
+canvases). `--out DIR` also writes `decode_bench.jsonl` and a markdown table there.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import pathlib
@@ -290,7 +293,7 @@ def run(args) -> list[dict]:
         fp8 = weights_mode == "fp8"  # generation would run the unquantized weights: figures from the step programs
         ar_gen_s = new_tokens * ar_s if fp8 else median_time(lambda: ar_generate(new_tokens), repeats)
         ar_ttft = prefill_s + ar_s  # the prompt's prefill and one decode step, both timed above
-        for steps in args.steps:
+        for selection_rule, steps in itertools.product(args.selection, args.steps):
             sampler = DiffusionSampler(
                 process=process,
                 canvas_length=c,
@@ -298,7 +301,7 @@ def run(args) -> list[dict]:
                 early_stopping=NoEarlyStop(),
                 forbidden_tokens=SPECIAL_IDS,
                 draw=make_draw(args.draw),
-                selection=make_selection(args.selection),
+                selection=make_selection(selection_rule),
             )
 
             def generate(max_new, sampler=sampler, on_device=False, first=None):  # one cache size: the same programs
@@ -345,7 +348,7 @@ def run(args) -> list[dict]:
                 "cache_tokens": cache_length,
                 "steps_per_canvas": steps,
                 "steps_note": "fixed (random weights; early stopping off)",
-                "selection": args.selection,
+                "selection": selection_rule,
                 "draw": args.draw,
                 "canvas_loop": args.canvas_loop,
                 "measured_peaks": {
@@ -420,14 +423,16 @@ def first_canvas_figures(args, generate, sampler, new_tokens, plain_gen_s, ar_tt
 
 def markdown(lines: list[dict]) -> str:
     rows = [
-        "| model | dtype | device | steps/canvas | canvas step (ms) | canvas GB/s (frac of peak) | canvas TFLOP/s (frac) "
+        "| model | dtype | device | selection | steps/canvas | canvas step (ms) | canvas GB/s (frac of peak) "
+        "| canvas TFLOP/s (frac) "
         "| canvas tok/s | AR step (ms) | AR GB/s (frac) | AR tok/s | ratio | TTFT canvas / AR (s) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for line in lines:
         cv, ar = line["canvas"], line["ar"]
         rows.append(
-            f"| {line['model']} | {line['dtype']} | {line['device']} | {line['steps_per_canvas']} | "
+            f"| {line['model']} | {line['dtype']} | {line['device']} | {line['selection']} | "
+            f"{line['steps_per_canvas']} | "
             f"{1e3 * cv['step_s']:.2f} | {cv['gbps']:.1f} ({cv['frac_bw_peak']:.0%}) | "
             f"{cv['tflops']:.3f} ({cv['frac_flops_peak']:.0%}) | {cv['tokens_per_s']:.1f} | {1e3 * ar['step_s']:.2f} | "
             f"{ar['gbps']:.1f} ({ar['frac_bw_peak']:.0%}) | {ar['tokens_per_s']:.1f} | {line['ratio']:.2f} | "
@@ -462,8 +467,8 @@ def main() -> None:
     parser.add_argument(
         "--selection",
         default="entropy_bound",
-        choices=sorted(SELECTION_RULES),
-        help="the canvas sampler's selection rule (its own defaults; every canvas takes exactly the stated steps)",
+        help="the canvas sampler's selection rules, comma-separated, each timed at every --steps (their own defaults; "
+        f"every canvas takes exactly the stated steps): {', '.join(sorted(SELECTION_RULES))}",
     )
     parser.add_argument(
         "--weights", default="native", help="native, fp8 or both (native,fp8): fp8 = weight-only FP8 step programs"
@@ -483,10 +488,15 @@ def main() -> None:
     parser.add_argument("--out", default="", help="folder for decode_bench.jsonl and decode_bench.md")
     args = parser.parse_args()
     args.steps = [int(s) for s in args.steps.split(",") if s]
+    args.selection = [r for r in args.selection.split(",") if r]
+    if not args.selection or set(args.selection) - set(SELECTION_RULES):
+        raise SystemExit(f"error: --selection must list rules of {sorted(SELECTION_RULES)}, got {args.selection}.")
     args.weights = [w for w in args.weights.split(",") if w]
     args.first_canvas = [int(f) for f in args.first_canvas.split(",") if f]
     if any(not 1 <= f <= args.canvas for f in args.first_canvas):
-        raise SystemExit(f"error: --first_canvas lengths must lie in [1, --canvas={args.canvas}], got {args.first_canvas}")
+        raise SystemExit(
+            f"error: --first_canvas lengths must lie in [1, --canvas={args.canvas}], got {args.first_canvas}"
+        )
     if not args.weights or set(args.weights) - {"native", "fp8"}:
         raise SystemExit(f"error: --weights must list native and/or fp8, got {args.weights}.")
     if not args.steps or min(args.steps) < 1:

@@ -15,6 +15,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def test_decode_bench_prints_a_line_per_step_count_with_bandwidth_and_flop_fractions(tmp_path):
     args = [sys.executable, "experiments/decode_bench.py", "--model", "tiny", "--prompt", "8", "--canvas", "8"]
     args += ["--canvases", "2", "--repeats", "1", "--bandwidth_mib", "16", "--matmul_n", "256", "--steps", "2,3"]
+    args += ["--selection", "dilated"]
     run = subprocess.run(
         [*args, "--weights", "native,fp8", "--first_canvas", "2", "--out", str(tmp_path)],
         capture_output=True,
@@ -31,6 +32,7 @@ def test_decode_bench_prints_a_line_per_step_count_with_bandwidth_and_flop_fract
         ("floa", 2),
         ("floa", 3),
     ]
+    assert all(line["selection"] == "dilated" for line in lines)
     native, fp8 = lines[:2], lines[2:]
     assert all(line["weights"] == "float32" for line in native)
     first = native[0]["first_canvas"]["2"]  # a 2-token first canvas at ceil(2 steps x 2 / 8) = 1 step

@@ -189,7 +189,8 @@ def _run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Seq
         print(
             f"Note: the student's entropy-bound rule has no floor, so at {d.student_steps} steps per canvas of "
             f"{canvas_len} it decides what is left in its last step; --config.sampler.selection.min_count=even "
-            "spreads the decisions evenly (results/text/README.md, 'Few-step decoding').",
+            "spreads the decisions evenly, and for a masking run --config.sampler.selection.rule=dilated (never two "
+            "neighbours in one step) distilled best (results/text/README.md, 'Few-step decoding').",
             flush=True,
         )
     if jax.process_index() == 0:

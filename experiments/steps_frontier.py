@@ -215,13 +215,15 @@ def main() -> None:
         cooled = cooled_schedules(args.cooled)
     except ValueError as err:
         cli.fail(str(err))
-    models = [(args.teacher, None, "teacher", None)]
-    models += [(args.teacher, None, f"teacher_{rule}", rule) for rule in filter(None, args.teacher_rules.split(","))]
+    # (run, checkpoint step, label, selection rule or None, is a student: the command line's overrides apply)
+    models = [(args.teacher, None, "teacher", None, False)]
+    models += [
+        (args.teacher, None, f"teacher_{rule}", rule, False) for rule in filter(None, args.teacher_rules.split(","))
+    ]
     for item in filter(None, args.students.split(",")):
         run, _, label = item.partition(":")
         run, _, at = run.partition("@")
-        models.append((run, int(at) if at else None, label or pathlib.Path(run).name, None))
-    runs = [(*model, temps) for model in models for temps in [None, *cooled]]
+        models.append((run, int(at) if at else None, label or pathlib.Path(run).name, None, True))
     ar = exp_lib.from_workdir(args.ar)
     ar_params, ar_step = toolbox.load_params(ar, args.ar)
     if not ar.is_autoregressive:
@@ -230,29 +232,39 @@ def main() -> None:
     prompts = prompts_from(teacher_exp, args.num_prompts, args.prompt_len, args.seed)
     rows = []
     command = " ".join([cli.argparse_command("experiments/steps_frontier.py", args), *overrides])
-    for run, at, model, rule, temps in runs:
-        exp = exp_lib.from_workdir(run)
-        params, step = toolbox.load_params(exp, run, step=at)
-        if not model.startswith("teacher") and overrides:
-            exp = dataclasses.replace(exp, config=cli.parse_config_overrides(exp.config, overrides))
-        config = exp.config.copy_and_resolve_references()
-        if rule:
-            config.sampler.selection = {"rule": rule}
-        if temps:
-            config.sampler.max_temperature, config.sampler.min_temperature = temps
-        exp = dataclasses.replace(exp, config=config)
-        label = model + (f"_T{temps[0]:g}/{temps[1]:g}" if temps else "")
-        for steps in budgets:
-            started = time.perf_counter()
-            out = measure(
-                with_steps(exp, steps, args.min_count), params, prompts, args.new_tokens, ar, ar_params, args.seed
-            )
-            row = {"label": label, "model": model, "run": run, "checkpoint_step": int(step), "steps_per_canvas": steps}
-            row.update(out)
-            row["temperature"] = [float(exp.config.sampler.max_temperature), float(exp.config.sampler.min_temperature)]
-            row["wall_seconds"] = time.perf_counter() - started
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "sample"}), flush=True)
+    for run, at, model, rule, is_student in models:
+        base = exp_lib.from_workdir(run)
+        params, step = toolbox.load_params(base, run, step=at)
+        if is_student and overrides:
+            base = dataclasses.replace(base, config=cli.parse_config_overrides(base.config, overrides))
+        for temps in [None, *cooled]:
+            config = base.config.copy_and_resolve_references()
+            if rule:
+                config.sampler.selection = {"rule": rule}
+            if temps:
+                config.sampler.max_temperature, config.sampler.min_temperature = temps
+            exp = dataclasses.replace(base, config=config)
+            label = model + (f"_T{temps[0]:g}/{temps[1]:g}" if temps else "")
+            for steps in budgets:
+                started = time.perf_counter()
+                out = measure(
+                    with_steps(exp, steps, args.min_count), params, prompts, args.new_tokens, ar, ar_params, args.seed
+                )
+                row = {
+                    "label": label,
+                    "model": model,
+                    "run": run,
+                    "checkpoint_step": int(step),
+                    "steps_per_canvas": steps,
+                }
+                row.update(out)
+                row["temperature"] = [
+                    float(exp.config.sampler.max_temperature),
+                    float(exp.config.sampler.min_temperature),
+                ]
+                row["wall_seconds"] = time.perf_counter() - started
+                rows.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k != "sample"}), flush=True)
     out = measure(ar, ar_params, prompts, args.new_tokens, ar, ar_params, args.seed)
     rows.append({"label": "ar", "run": args.ar, "checkpoint_step": int(ar_step), "steps_per_canvas": None, **out})
     path = pathlib.Path(args.out)

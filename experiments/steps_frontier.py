@@ -18,7 +18,8 @@ measured at that kept checkpoint (to pick a stopping step on the frontier).
 `--config.sampler.<key>=value` arguments change the students' samplers (e.g. their temperature), not the teacher's.
 `--cooled MAX/MIN,...` measures every diffusion model also at these temperature schedules (its sampler anneals from
 MAX at full noise to MIN at none), and `--teacher_rules dilated,...` the teacher also under other selection rules
-(their own defaults), at the same budgets: a student that only learned to sample colder lands on the teacher's curve,
+(their own defaults; `dilated+commit`: a uniform sampler that keeps what it accepts), at the same budgets: a student
+that only learned to sample colder lands on the teacher's curve,
 so a student's gain is its distance below the cooled teacher at equal unigram entropy (FILE_plane.png: gen. perplexity
 against unigram entropy, one panel per budget).
 The AR run's own samples are one more row (its temperature, one pass per token). Writes FILE.jsonl (one row per
@@ -195,7 +196,8 @@ def main() -> None:
     parser.add_argument(
         "--teacher_rules",
         default="",
-        help="RULE,...: the teacher again with each of these selection rules (e.g. dilated), measured at every budget",
+        help="RULE[+commit],...: the teacher again with each of these selection rules (e.g. dilated), measured at "
+        "every budget; +commit: a uniform sampler that keeps what it accepted (sampler.commit)",
     )
     parser.add_argument("--ar", required=True, help="the autoregressive scorer run")
     parser.add_argument("--steps", default="1,2,4,8,16,32")
@@ -240,7 +242,11 @@ def main() -> None:
         for temps in [None, *cooled]:
             config = base.config.copy_and_resolve_references()
             if rule:
-                config.sampler.selection = {"rule": rule}
+                name, _, commit = rule.partition("+")
+                if commit not in ("", "commit"):
+                    cli.fail(f"--teacher_rules {rule!r}: write RULE or RULE+commit.")
+                config.sampler.selection = {"rule": name}
+                config.sampler.commit = bool(commit)
             if temps:
                 config.sampler.max_temperature, config.sampler.min_temperature = temps
             exp = dataclasses.replace(base, config=config)

@@ -170,6 +170,7 @@ def build_sampler(
         sc_temperature=s.get("sc_temperature", 0.0) or None,  # 0 = feed back the sampling distribution
         draw=build_draw(s.draw),
         vocab_chunk=s.get("vocab_chunk", 0),  # 0 = whole-vocabulary arrays; N = scan the vocabulary in chunks of N
+        commit=bool(s.get("commit", False)),  # uniform process: accepted tokens stay decided
         constraint=constraint,
         views=views,
         token_shift=bool(config.diffusion.get("token_shift", False)),  # the model's training decides it

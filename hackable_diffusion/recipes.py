@@ -194,6 +194,7 @@ def base_config() -> ml_collections.ConfigDict:
             # blocked_inverse_cdf (the same distribution, cheaper, other tokens for the same seed; its `block`)
             vocab_chunk=0,  # 0: the canvas step works on whole-vocabulary arrays; N > 0: it scans the vocabulary in
             # chunks of N ids, holding no [batch, canvas, vocab] float32 array but the logits (sampling.vocab_chunks)
+            commit=False,  # uniform process: True keeps accepted tokens and re-noises only undecided positions
             num_steps=32,
             canvas_len=32,
             max_new_tokens=128,
@@ -543,6 +544,7 @@ def distill_sections(
             target_temperature=0.0,  # reverse_kl: the teacher's logits / tau in its ELBO (0: the sampler's T(t))
             shared_noise=False,  # reverse_kl: a prompt's samples share their ELBO draws' noise (common random numbers)
             exact_entropy=False,  # reverse_kl: the student's log q terms by their exact conditional expectations
+            student_process="",  # fixed_order: "masking" or "uniform" for a student of another process ("": the same)
         )
     )
     return constant_lr_schedule(c, peak_lr, steps, warmup=20, log_every=10, eval_every=0, checkpoint_every=50)
@@ -557,6 +559,7 @@ SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every res
     "early_stopping",
     "draw",
     "vocab_chunk",
+    "commit",
 )
 
 
@@ -566,4 +569,5 @@ def sampler_report(config: ml_collections.ConfigDict) -> dict:
         is_section = isinstance(value, ml_collections.ConfigDict)
         return {k: v for k, v in value.items() if v is not None} if is_section else value
 
-    return {"selection": plain(config.sampler.selection), **{k: plain(config.sampler[k]) for k in SAMPLER_REPORT_KEYS}}
+    knobs = {k: plain(config.sampler.get(k)) for k in SAMPLER_REPORT_KEYS}
+    return {"selection": plain(config.sampler.selection), **knobs}

@@ -11,7 +11,9 @@ per step, each giving `student_steps` rows. The teacher's trajectories (`teacher
 canvas sampler at `teacher_steps` (early stopping off; `consistency` draws near-greedily), cached in the run directory;
 the method (`methods.py`) turns them into the student's rows, `student_loss.py` is the loss. The on-policy method
 (`reverse_kl`) makes no trajectories: the task's training rows are its prompts (`PromptStream`), the student samples
-at `student_steps` and `reverse_kl.py` is the loss. The run directory is the
+at `student_steps` and `reverse_kl.py` is the loss. `fixed_order` keeps the teacher's own selection rule
+(`distill.teacher_selection`, filled from the inherited sampler) and gives the student the `dilated` rule it is trained
+in (a uniform student also `sampler.commit`). The run directory is the
 usual one (orbax checkpoints with exact resume of the data position, SIGINT/SIGTERM safe, a workdir lock,
 metrics.jsonl + TensorBoard, the task's evaluation every `train.eval_every` steps with the student's sampler); its
 config.json holds `sampler.num_steps = student_steps`, so `sample` and `evaluate` on it run the student as trained.
@@ -20,6 +22,7 @@ config.json holds `sampler.num_steps = student_steps`, so `sample` and `evaluate
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 from collections.abc import Sequence
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from hackable_diffusion import builders, cli, run_config
 from hackable_diffusion.checkpoints import base_weights
@@ -41,7 +45,7 @@ from hackable_diffusion.training.workdir_lock import WorkdirLock
 DISTILL_KEYS = (
     "method", "teacher_steps", "student_steps", "rest_weight", "pool_size", "batch_size", "greedy_temperature",
     "self_condition_prob", "keep", "group_size", "elbo_draws", "target_sharpness",
-    "target_temperature", "shared_noise", "exact_entropy",
+    "target_temperature", "shared_noise", "exact_entropy", "teacher_selection", "student_process", "teacher_process",
 )  # fmt: skip
 #: sections a student takes from its teacher's run (the layout and task the weights were trained in)
 INHERITED_SECTIONS = ("data", "diffusion", "sampler", "solver", "eval")
@@ -49,7 +53,12 @@ INHERITED_SECTIONS = ("data", "diffusion", "sampler", "solver", "eval")
 
 def check_distill_config(
     config: ml_collections.ConfigDict,
-) -> methods_lib.TrajectoryDistillation | methods_lib.ConsistencyDistillation | methods_lib.ReverseKLDistillation:
+) -> (
+    methods_lib.TrajectoryDistillation
+    | methods_lib.ConsistencyDistillation
+    | methods_lib.FixedOrderDistillation
+    | methods_lib.ReverseKLDistillation
+):
     """The checks of `config.distill` that need no weights; returns the method. ValueError names the key."""
     if "distill" not in config:
         raise ValueError("the config has no distill section: build it with recipes.distill_sections.")
@@ -85,9 +94,8 @@ def resolve_config(
 ) -> ml_collections.ConfigDict:
     """The student run's config: the teacher's model shape; from a toolbox run also its data, diffusion, sampler,
     solver and eval sections, then the command line's `--config.a.b=value` `overrides` again (they may change what
-    was inherited); the student's sampler at `student_steps`, the batch at `distill.batch_size`."""
-    import dataclasses
-
+    was inherited); the student's sampler at `student_steps`, the batch at `distill.batch_size`; with
+    `distill.student_process` set, the student's process (the teacher's is kept as `distill.teacher_process`)."""
     config = config.copy_and_resolve_references()
     with config.unlocked():
         config.model = ml_collections.ConfigDict(dataclasses.asdict(base.model.cfg))
@@ -101,6 +109,25 @@ def resolve_config(
     with config.unlocked():
         config.data.batch_size = int(config.distill.batch_size)
         config.sampler.num_steps = int(config.distill.student_steps)
+        student_process = config.distill.get("student_process") or config.diffusion.process
+        if student_process != config.diffusion.process:  # e.g. a masking student of a uniform teacher
+            if config.distill.method != "fixed_order":
+                raise ValueError(
+                    f"config.distill.student_process={student_process!r} differs from the teacher's "
+                    f"{config.diffusion.process!r}: only method='fixed_order' builds the student's states from the "
+                    "teacher's end canvases alone; leave student_process empty."
+                )
+            if student_process not in ("masking", "uniform"):
+                raise ValueError(f"config.distill.student_process={student_process!r} must be masking or uniform.")
+            config.distill.teacher_process = config.diffusion.process
+            config.diffusion.process = student_process
+        if config.distill.method == "fixed_order":  # the student decodes in the order it is trained in
+            if not config.distill.get("teacher_selection"):
+                config.distill.teacher_selection = config.sampler.selection.copy_and_resolve_references()
+            config.sampler.selection = ml_collections.ConfigDict(
+                {"rule": methods_lib.FixedOrderDistillation.student_rule}
+            )
+            config.sampler.commit = config.diffusion.process != "masking"  # uniform: decided tokens stay
     return config
 
 
@@ -111,11 +138,18 @@ def teacher_sampler(exp, config: ml_collections.ConfigDict, method, num_steps: i
     from hackable_diffusion.sampling.temperature import AnnealedTemperature
 
     d = config.distill
+    if num_steps is None and d.get("teacher_process") and d.teacher_process != config.diffusion.process:
+        config = config.copy_and_resolve_references()  # the teacher samples with its own process, not the student's
+        with config.unlocked():
+            config.diffusion.process = d.teacher_process
+        exp = dataclasses.replace(exp, config=config, process=builders.build_process(config, exp.process.vocab_size))
     own = getattr(exp.task, "canvas_sampler", None)
     sampler = own(exp, config) if own is not None else builders.build_sampler(config, exp.process)
     canvas = int(config.diffusion.canvas_len or 0)
     steps = int(d.teacher_steps) if num_steps is None else num_steps
     overrides = dict(num_steps=steps, early_stopping=NoEarlyStop())
+    if num_steps is None and d.get("teacher_selection"):  # the teacher's own rule (fixed_order: not the student's)
+        overrides.update(selection=builders.build_selection(d.teacher_selection), commit=False)
     if canvas:
         overrides["canvas_length"] = canvas
     if method.greedy_teacher:
@@ -235,6 +269,7 @@ def _from_teacher_pool(exp, config, method, teacher, canvas_len: int, path, sour
         batch_size=int(d.batch_size),
         seed=int(config.seed),
         mask_id=getattr(exp.process, "mask_id", None),
+        noise_ids=None if hasattr(exp.process, "mask_id") else np.flatnonzero(np.asarray(exp.process.allowed_vocab())),
     )
     objective = StudentLoss(
         exp.model, self_condition_prob=float(d.self_condition_prob), null_signal=str(config.diffusion.null_signal)

@@ -21,6 +21,17 @@ The student's loss is the weighted cross-entropy of its one-pass logits at the s
   sampler at temperature ~0 and the method runs for masking and uniform runs alike (for masking runs the randomness
   of the output then comes from the prompt alone: the steps frontier reports unigram/bigram entropy for that).
 
+* `FixedOrderDistillation` is sequence-level knowledge distillation (Kim & Rush, EMNLP 2016) in the student's own
+  decoding order: the teacher's final canvases are the data, and the student learns to write them in k steps of the
+  `dilated` order (DUS, Luxembourg et al. 2025; `sampling/selection.py`), which is fixed in advance, so the state
+  each student step starts from is known without the teacher having walked through it: the positions of earlier
+  steps hold the teacher's tokens, every other free position holds noise (masking: the mask token; uniform: a token
+  drawn from the process's prior, fresh per row), and the targets are the teacher's tokens at the positions of this
+  step (weight 1) and at later ones (`rest_weight`). Any teacher sampler serves (its best one), and it applies to
+  uniform runs, whose student then samples with `sampler.commit` (a decided token stays, the rest is re-noised each
+  step, the states it was trained on). Deliberate difference from the trajectory method: the teacher's intermediate
+  canvases are not read, only where it ended.
+
 Fixed positions (puzzle givens, infill context) never carry a target.
 
 * `ReverseKLDistillation` needs no teacher trajectories: the student samples on-policy and a policy gradient moves
@@ -34,7 +45,9 @@ import dataclasses
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
-METHODS = ("trajectory", "consistency", "reverse_kl")
+from hackable_diffusion.sampling.selection import dilated_rank
+
+METHODS = ("trajectory", "consistency", "reverse_kl", "fixed_order")
 
 
 def student_grid(num_teacher_steps: int, num_student_steps: int) -> int:
@@ -129,6 +142,67 @@ class ConsistencyDistillation:
         return StudentRows(states.astype(np.int32), final.astype(np.int32), open_.astype(np.float32))
 
 
+def dilated_decision_steps(free: Bool[np.ndarray, "b c"], num_steps: int) -> Int[np.ndarray, "b c"]:
+    """The step (from 0) at which the `dilated` rule (the dilated order, an even count per step) decides each free
+    position of a canvas sampled in `num_steps` steps; -1 at fixed positions. Mirrors `TopK(DilatedOrder(),
+    EvenCount())` on a sampler that keeps its decisions: after step i, (i + 1) * (n // S) + min(i + 1, n % S) of the
+    row's n free positions are decided, taken in the dilated order."""
+    free = np.asarray(free, bool)
+    b, c = free.shape
+    rank = dilated_rank(c)
+    order = np.argsort(np.where(free, rank, c + rank), axis=1, kind="stable")  # free positions first, by rank
+    place = np.empty((b, c), np.int64)
+    np.put_along_axis(place, order, np.broadcast_to(np.arange(c), (b, c)), axis=1)
+    n = free.sum(axis=1)
+    done = np.arange(1, num_steps + 1)[None, :]
+    decided_after = done * (n // num_steps)[:, None] + np.minimum(done, (n % num_steps)[:, None])  # (b, S)
+    step = np.sum(place[:, :, None] >= decided_after[:, None, :], axis=-1)
+    return np.where(free, step, -1).astype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedOrderDistillation:
+    """Sequence-level distillation in the dilated order (see the module docstring): student step i reads the teacher's
+    end canvas at the positions of steps < i and noise elsewhere, and learns its tokens at the positions of step i."""
+
+    student_steps: int
+    rest_weight: float = 0.0
+    name = "fixed_order"
+    greedy_teacher = False  # the teacher samples at its own temperature
+    on_policy = False
+    needs_noise = True  # uniform runs: the states' undecided positions hold draws from the prior (`noise`)
+    student_rule = "dilated"
+
+    def __post_init__(self):
+        if self.rest_weight < 0:
+            raise ValueError(f"config.distill.rest_weight={self.rest_weight} must be >= 0.")
+
+    def check_process(self, persistent: bool) -> None:
+        del persistent  # both processes: a uniform student samples with sampler.commit
+
+    def __call__(
+        self,
+        trajectory: Int[np.ndarray, "n1 b c"],
+        fixed: Bool[np.ndarray, "b c"],
+        mask_id: int | None,
+        noise: Int[np.ndarray, "b k c"] | None = None,
+    ) -> StudentRows:
+        _check(trajectory, fixed)
+        k = self.student_steps
+        final = trajectory[-1]
+        b, c = final.shape
+        if mask_id is None and (noise is None or noise.shape != (b, k, c)):
+            raise ValueError(f"a uniform run's fixed-order rows need noise tokens of shape {(b, k, c)}.")
+        step = dilated_decision_steps(~np.asarray(fixed, bool), k)[:, None, :]  # (b, 1, c)
+        now = np.arange(k)[None, :, None]
+        written = np.asarray(fixed, bool)[:, None, :] | ((step >= 0) & (step < now))
+        filler = np.full((b, k, c), mask_id, np.int32) if mask_id is not None else noise
+        states = np.where(written, final[:, None, :], filler)
+        weights = np.where(step == now, 1.0, np.where(step > now, self.rest_weight, 0.0)).astype(np.float32)
+        targets = np.broadcast_to(final[:, None, :], (b, k, c))
+        return StudentRows(states.astype(np.int32), targets.astype(np.int32), weights)
+
+
 @dataclasses.dataclass(frozen=True)
 class ReverseKLDistillation:
     """On-policy reverse KL to the teacher's likelihood (`reverse_kl.py`): G student samples per prompt, each scored
@@ -185,6 +259,8 @@ def build_method(
         return TrajectoryDistillation(student_steps, rest_weight)
     if name == "consistency":
         return ConsistencyDistillation(student_steps)
+    if name == "fixed_order":
+        return FixedOrderDistillation(student_steps, rest_weight)
     if name == "reverse_kl":
         return ReverseKLDistillation(
             student_steps, group_size, elbo_draws, target_sharpness, target_temperature, shared_noise, exact_entropy

@@ -198,7 +198,16 @@ class PromptStream:
 class TeacherPool:
     """The distillation run's train iterator over a pool of teacher trajectories (see the module docstring)."""
 
-    def __init__(self, pool: dict[str, np.ndarray], method, *, batch_size: int, seed: int, mask_id: int | None):
+    def __init__(
+        self,
+        pool: dict[str, np.ndarray],
+        method,
+        *,
+        batch_size: int,
+        seed: int,
+        mask_id: int | None,
+        noise_ids: np.ndarray | None = None,
+    ):
         n = len(pool["trajectory"])
         if batch_size > n:
             raise ValueError(
@@ -206,6 +215,9 @@ class TeacherPool:
                 "config.distill.pool_size."
             )
         self.pool, self.method, self.batch_size, self.seed, self.mask_id = pool, method, batch_size, seed, mask_id
+        self.noise_ids = None if noise_ids is None else np.asarray(noise_ids, np.int32)
+        if getattr(method, "needs_noise", False) and mask_id is None and self.noise_ids is None:
+            raise ValueError(f"the {method.name} method on a uniform run needs the prior's token ids (noise_ids).")
         self.batch_index = 0
 
     def indices(self, batch_index: int) -> np.ndarray:
@@ -218,9 +230,15 @@ class TeacherPool:
             out[here] = np.random.default_rng([self.seed, int(epoch)]).permutation(n)[offsets[here]]
         return out
 
-    def rows(self, index: np.ndarray) -> dict[str, np.ndarray]:
+    def rows(self, index: np.ndarray, batch_index: int = 0) -> dict[str, np.ndarray]:
         trajectory = self.pool["trajectory"][index].transpose(1, 0, 2)  # (N + 1, b, c)
-        rows = self.method(trajectory, self.pool["fixed"][index], self.mask_id)
+        fixed = self.pool["fixed"][index]
+        if getattr(self.method, "needs_noise", False) and self.mask_id is None:  # seeded by the batch: resumable
+            rng = np.random.default_rng([self.seed, 1, batch_index])
+            shape = (len(index), self.method.student_steps, trajectory.shape[-1])
+            rows = self.method(trajectory, fixed, None, noise=rng.choice(self.noise_ids, size=shape).astype(np.int32))
+        else:
+            rows = self.method(trajectory, fixed, self.mask_id)
         out = {"states": rows.states, "targets": rows.targets, "weights": rows.weights}
         if self.pool["prefix"].shape[1]:
             out["prefix"] = self.pool["prefix"][index]
@@ -231,7 +249,7 @@ class TeacherPool:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        batch = self.rows(self.indices(self.batch_index))
+        batch = self.rows(self.indices(self.batch_index), self.batch_index)
         self.batch_index += 1
         return batch
 

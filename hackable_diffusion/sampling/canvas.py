@@ -9,7 +9,8 @@ docs/reference.md §2.4-2.7). Step i of S runs at noise level t_i = 1 - i/S:
     scored  = shaped, or logits / score_temperature if set    # what the rule ranks (see DiffusionSampler)
     accept, remask = selection(scored, cand, undecided)       # selection.py
     uniform process: new = accept ? cand : fresh uniform token (every free position; no persistent commit); at the
-                     budget's last step every free position takes its candidate (deliberate: no noise left)
+                     budget's last step every free position takes its candidate (deliberate: no noise left);
+                     with `commit` an accepted token stays and only the undecided positions are re-noised
     masking process: new = accept ? cand : (remask ? MASK : canvas)   (committed tokens stay, except ReMDM)
     sc      = sqrt(d) softmax(shaped) @ E                     # self-conditioning for the next step
     done   |= early_stopping(shaped, canvas, new)             # per row; the triggering step is kept
@@ -34,6 +35,9 @@ Differences from the reference, on purpose:
     (`constraints.py`, e.g. a puzzle's rules, supplied by its task).
   * `draw=BlockedInverseCdf()` (off by default) draws the same categorical by a two-level inverse CDF, without
     Gumbel-max's random number per vocabulary entry (draws.py).
+  * `commit` (off by default, as the reference): a uniform-process sampler keeps what it accepted, as a masking one
+    does, and re-noises only the positions not yet decided, so a later step reads its earlier decisions instead of
+    re-drawing them jointly with the new ones (what a fixed-order rule such as `dilated` relies on).
   * `score_temperature` (off by default, as the reference) lets the rule rank positions by logits at another
     temperature than the tokens are drawn at; early stopping and self-conditioning always use `shaped`.
   * `vocab_chunk` (off by default) computes what the step reads of the logits (candidate, maxima, normalisers,
@@ -98,6 +102,8 @@ class DiffusionSampler:
       candidates for the same keys, scores and self-conditioning equal to float32 rounding. Needs a selection rule and
       early stopping that read the logits only through entropies, confidences, margins and argmaxes (`chunkable()`,
       every built-in one), no `views`, and with `BlockedInverseCdf` a multiple of its block.
+    commit: uniform process only: accepted tokens stay decided (as under a masking process) and each step re-noises
+      only the free positions not yet decided; False = the reference, every free position re-decided at every step.
     token_shift: the model was trained with the token shift (diffusion/token_shift.py, `diffusion.token_shift`):
       position j of the canvas reads the model's logits at j - 1 and position 0 the logits of the last real token
       before the canvas, which `denoise_canvas` then needs (`before_logits`; `generate` keeps them). Not with `views`
@@ -120,6 +126,7 @@ class DiffusionSampler:
     draw: GumbelMax | BlockedInverseCdf = GumbelMax()
     vocab_chunk: int = 0
     token_shift: bool = False
+    commit: bool = False
 
     def __post_init__(self):
         checks = (
@@ -168,6 +175,11 @@ class DiffusionSampler:
             raise ValueError(
                 f"DiffusionSampler.score_temperature must be None (score the sampling distribution) or > 0, got "
                 f"{self.score_temperature!r}."
+            )
+        if self.commit and self.persistent:
+            raise ValueError(
+                "DiffusionSampler.commit keeps a uniform sampler's accepted tokens; a masking process always keeps "
+                "them: leave commit=False."
             )
         if self.token_shift and self.views is not None:
             raise ValueError(
@@ -218,6 +230,11 @@ class DiffusionSampler:
     def persistent(self) -> bool:
         """True for a masking process: decided tokens stay decided."""
         return isinstance(self.process, MaskingProcess)
+
+    @property
+    def keeps_decisions(self) -> bool:
+        """True when accepted tokens stay: a masking process, or a uniform one with `commit`."""
+        return self.persistent or self.commit
 
     def uses_self_conditioning(self, model: T.Transformer) -> bool:
         if self.self_conditioning and not model.cfg.self_conditioning:
@@ -372,7 +389,7 @@ def _denoise(
 
     def body(state):
         step, old = state["step"], state["canvas"]
-        info = StepInfo.at(step, num_steps, process.schedule, free, persistent)
+        info = StepInfo.at(step, num_steps, process.schedule, free, sampler.keeps_decisions)
         if sampler.views is None:
             logits = canvas_logits(model, params, cache, old, state.get("sc"))
             if sampler.token_shift:  # position j reads the logits at j - 1 (diffusion/token_shift.py)
@@ -401,7 +418,10 @@ def _denoise(
             if use_sc:
                 fed_back = shaped if sampler.sc_temperature is None else biased / sampler.sc_temperature
                 sc = T.model_method(model, params, "sc_signal", fed_back)
-        undecided = free & (old == process.mask_id) if persistent else free
+        if persistent:
+            undecided = free & (old == process.mask_id)
+        else:
+            undecided = free & ~state["decided"] if sampler.commit else free
         accept, remask = sampler.selection(step_keys[:, 1], scored, candidates, undecided, info)
         accept, remask = accept & undecided, remask & free & ~undecided
         # The last step of the budget leaves no noise behind: whatever the rule did not accept takes its candidate
@@ -412,11 +432,14 @@ def _denoise(
             new = jnp.where(accept, candidates, jnp.where(remask, process.mask_id, old))
         else:
             noise = jax.vmap(lambda k: process.prior_sample(k, (c,)))(step_keys[:, 2]).astype(jnp.int32)
-            new = jnp.where(free, jnp.where(accept, candidates, noise), old)
+            new = jnp.where(undecided, jnp.where(accept, candidates, noise), old)
         stop = sampler.early_stopping(shaped, old, new, free, state["argmax"])
         if persistent:  # a masking row never stops with masks left; without remasking it stops when none are
             unmasked = ~jnp.any(free & (new == process.mask_id), axis=-1)
             stop = (stop & unmasked) | (unmasked & (not sampler.selection.remasks))
+        elif sampler.commit:  # nor does a committing uniform row with positions still undecided (they hold noise)
+            settled = ~jnp.any(undecided & ~accept, axis=-1)
+            stop = (stop & settled) | settled
         running = ~state["done"]
         new_state = dict(
             step=step + 1,
@@ -427,6 +450,8 @@ def _denoise(
         )
         if has_sc:
             new_state["sc"] = sc.astype(null_sc.dtype) if use_sc else null_sc
+        if sampler.commit:
+            new_state["decided"] = state["decided"] | (accept & running[:, None])
         if return_trajectory:
             new_state["trajectory"] = state["trajectory"].at[step].set(new_state["canvas"])
         if on_step is not None:  # the host sees every step as it happens (a live view, tokens streamed early)
@@ -442,6 +467,8 @@ def _denoise(
     )
     if has_sc:
         state["sc"] = null_sc
+    if sampler.commit:
+        state["decided"] = jnp.zeros((b, c), bool)
     if return_trajectory:
         state["trajectory"] = jnp.zeros((num_steps, b, c), jnp.int32)
     state = jax.lax.while_loop(cond, body, state)

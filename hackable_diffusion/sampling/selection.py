@@ -14,7 +14,8 @@ What the canvas loop (`canvas.py`) does with them depends on the noise process:
   * uniform process (DiffusionGemma): there is no persistent commit. Undecided = every free position, the accepted
     ones take their candidate, and every other free position gets a fresh uniform random token, each step. This is
     the reference behaviour (`SampleFromPredictions`, docs/reference.md §2.6): a token accepted at one step
-    may be re-randomised at the next.
+    may be re-randomised at the next. With `DiffusionSampler.commit` a uniform sampler keeps its accepted tokens
+    instead, and undecided = the free positions not yet accepted, as with masking.
 
 Fixed positions (prompt givens, puzzle clues, an infill context) are never undecided and never remasked.
 
@@ -92,8 +93,9 @@ NEG_LOGIT = -1e30
 class StepInfo:
     """Where a denoising step sits: step i of `num_steps` goes from noise level t = 1 - i/S to s = 1 - (i+1)/S.
 
-    free: positions the sampler may change (not fixed). persistent: True for a masking process (decided tokens stay),
-    False for the uniform process (everything free is re-decided each step).
+    free: positions the sampler may change (not fixed). persistent: True when decided tokens stay (a masking process,
+    or a uniform one with `DiffusionSampler.commit`), False for the reference uniform sampler (everything free is
+    re-decided each step).
     """
 
     step: Int[Array, ""]

@@ -1,6 +1,7 @@
 """Few-step distillation: the methods' rows, the teacher's trajectories, the student's loss against a row-by-row
 reference, a run that resumes exactly, and a student that learns its teacher's output."""
 
+import dataclasses
 import json
 import shutil
 
@@ -63,6 +64,85 @@ def test_consistency_rows_target_the_end_at_every_open_position():
     np.testing.assert_array_equal(rows.weights[0].sum(axis=1), [4, 3, 2, 1])  # still masked at each state
     uniform = methods.ConsistencyDistillation(student_steps=2)(trajectory, fixed, None)
     np.testing.assert_array_equal(uniform.weights[0], [[0, 1, 1, 1, 1]] * 2)  # uniform: every free position
+
+
+def test_fixed_order_rows_write_the_teachers_end_in_the_dilated_order():
+    """Canvas of 5, position 0 fixed: the dilated order of the free positions is 4, 2, then 1, 3, so two student
+    steps decide {4, 2} and then {1, 3}; the states hold the teacher's end at earlier steps' positions and noise at
+    the others (masking: the mask; uniform: the given noise tokens)."""
+    trajectory, fixed = hand_trajectory()
+    np.testing.assert_array_equal(methods.dilated_decision_steps(~fixed, 2), [[-1, 1, 0, 1, 0]])
+    rows = methods.FixedOrderDistillation(student_steps=2)(trajectory, fixed, M)
+    np.testing.assert_array_equal(rows.states[0], [[7, M, M, M, M], [7, M, 6, M, 8]])
+    np.testing.assert_array_equal(rows.weights[0], [[0, 0, 1, 0, 1], [0, 1, 0, 1, 0]])
+    np.testing.assert_array_equal(rows.targets[0], [[7, 9, 6, 5, 8]] * 2)
+    rest = methods.FixedOrderDistillation(student_steps=2, rest_weight=0.5)(trajectory, fixed, M)
+    np.testing.assert_allclose(rest.weights[0], [[0, 0.5, 1, 0.5, 1], [0, 1, 0, 1, 0]])
+    noise = np.full((1, 2, 5), 11, np.int32)
+    uniform = methods.FixedOrderDistillation(student_steps=2)(trajectory, fixed, None, noise=noise)
+    np.testing.assert_array_equal(uniform.states[0], [[7, 11, 11, 11, 11], [7, 11, 6, 11, 8]])
+    with pytest.raises(ValueError, match="noise"):
+        methods.FixedOrderDistillation(student_steps=2)(trajectory, fixed, None)
+
+
+@pytest.mark.parametrize("steps", [2, 3, 8])
+def test_the_dilated_decision_steps_are_when_the_dilated_sampler_decides(steps):
+    """`dilated_decision_steps` against the sampler itself: the step at which each position of a masking canvas
+    (random givens, some rows with fewer free positions than steps) first holds a token."""
+    from hackable_diffusion.sampling.canvas import commit_passes
+
+    model, params = tiny_model()
+    b, c = 4, 8
+    rng = np.random.default_rng(steps)
+    fixed = rng.random((b, c)) < 0.4
+    fixed[0] = np.arange(c) < 6  # 2 free positions
+    tokens = rng.integers(4, 12, (b, c)).astype(np.int32)
+    prompts = CanvasPrompts(np.zeros((b, 0), np.int32), np.zeros((b, 0), bool), tokens, fixed)
+    sampler = masking_sampler(12, steps, c).replace(selection=make_selection("dilated"))
+    traj = teacher_trajectories(model, params, prompts, jax.random.split(jax.random.key(3), b), sampler)
+    np.testing.assert_array_equal(commit_passes(traj[1:], fixed, M), methods.dilated_decision_steps(~fixed, steps))
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskFreeExperiment:
+    """What `teacher_sampler` reads of an experiment: its process and a task without a sampler of its own."""
+
+    process: object
+    task: object = None
+    config: object = None
+
+
+def test_fixed_order_gives_the_student_the_dilated_rule_and_the_teacher_its_own():
+    from hackable_diffusion.checkpoints import base_weights
+    from hackable_diffusion.diffusion.processes import UniformProcess
+
+    teacher = recipes.text_config("shakespeare", "uniform", seq_len=48, canvas_len=16)
+    model, params = tiny_model()
+    base = base_weights.Base(model=model, tokenizer=None, params=params, source="toolbox:t", source_config=teacher)
+    config = distill_config("unused", method="fixed_order")
+    resolved = command.resolve_config(config, base, ["--config.sampler.selection.min_count=even"])
+    assert resolved.sampler.selection.rule == "dilated" and resolved.sampler.commit  # uniform: decisions stay
+    assert resolved.distill.teacher_selection.rule == "entropy_bound"
+    assert resolved.distill.teacher_selection.min_count == "even"
+    exp = TaskFreeExperiment(UniformProcess(12, LinearSchedule()))
+    method = command.check_distill_config(resolved)
+    teacher_sampler = command.teacher_sampler(exp, resolved, method)
+    assert type(teacher_sampler.selection).__name__ == "EntropyBound" and not teacher_sampler.commit
+    assert teacher_sampler.num_steps == 4
+    masking = command.resolve_config(
+        config, dataclasses.replace(base, source_config=recipes.text_config("shakespeare", "masking")), []
+    )
+    assert masking.sampler.selection.rule == "dilated" and not masking.sampler.commit
+    across = command.resolve_config(config, base, ["--config.distill.student_process=masking"])  # uniform teacher
+    assert across.diffusion.process == "masking" and across.distill.teacher_process == "uniform"
+    assert not across.sampler.commit  # a masking student keeps its decisions anyway
+    student_exp = TaskFreeExperiment(MaskingProcess(12, LinearSchedule(), M))
+    teacher_sampler = command.teacher_sampler(student_exp, across, command.check_distill_config(across))
+    assert isinstance(teacher_sampler.process, UniformProcess)  # the teacher samples with its own process
+    with pytest.raises(ValueError, match="fixed_order"):
+        command.resolve_config(
+            distill_config("unused", method="trajectory"), base, ["--config.distill.student_process=masking"]
+        )
 
 
 @pytest.mark.parametrize("teacher,student", [(4, 3), (4, 8), (4, 0)])
@@ -195,14 +275,17 @@ def distill_config(source_dir, method="trajectory", steps=4):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["trajectory", "reverse_kl"])
-def test_a_resumed_distillation_equals_the_uninterrupted_one(trained_text_runs, tmp_path, method):
-    source = trained_text_runs["masking"]
+@pytest.mark.parametrize(
+    "method,process", [("trajectory", "masking"), ("reverse_kl", "masking"), ("fixed_order", "uniform")]
+)
+def test_a_resumed_distillation_equals_the_uninterrupted_one(trained_text_runs, tmp_path, method, process):
+    """fixed_order on a uniform run: the states' noise tokens are drawn again, per batch, on resume."""
+    source = trained_text_runs[process]
     whole = tmp_path / "whole"
     command.run_distill(distill_config(source, method, steps=4), str(whole))
     half = tmp_path / "half"
     command.run_distill(distill_config(source, method, steps=2), str(half))
-    assert (half / "teacher_pool.npz").exists() == (method == "trajectory")  # on-policy: no pool
+    assert (half / "teacher_pool.npz").exists() == (method != "reverse_kl")  # on-policy: no pool
     command.run_distill(distill_config(source, method, steps=4), str(half))  # resumes at 2 (the cached pool)
     a, b = (toolbox.load_params(experiment.from_workdir(str(d)), str(d), weights="raw") for d in (whole, half))
     assert a[1] == b[1] == 4
@@ -215,7 +298,8 @@ def test_a_resumed_distillation_equals_the_uninterrupted_one(trained_text_runs, 
 
 @pytest.mark.slow
 def test_the_uniform_recipe_distils_a_uniform_run_by_consistency_with_its_self_conditioner(trained_text_runs, tmp_path):
-    c = cli.load_config_file("configs/distill_shakespeare_uniform.py")
+    assert cli.load_config_file("configs/distill_shakespeare_uniform.py").distill.method == "fixed_order"
+    c = cli.load_config_file("configs/distill_shakespeare_uniform.py:consistency")
     assert c.distill.method == "consistency" and c.distill.self_condition_prob == 0.5
     c.init = recipes.init_section("toolbox", str(trained_text_runs["uniform"]))
     c.distill.update(teacher_steps=4, student_steps=2, pool_size=16, batch_size=8)

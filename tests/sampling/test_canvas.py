@@ -268,3 +268,30 @@ def test_uniform_canvas_last_step_takes_every_candidate(model_and_params, prefix
     logits = np.asarray(canvas_logits(model, params, prefix_cache, init, null), np.float32)
     chosen = np.take_along_axis(logits, np.asarray(result.canvas)[..., None], axis=-1)[..., 0]
     np.testing.assert_array_less(logits.max(axis=-1) - 0.05, chosen)
+
+
+def test_a_committing_uniform_sampler_keeps_what_it_accepted_and_the_reference_does_not(model_and_params, prefix_cache):
+    """`commit`: a token accepted at one step is the token at every later step (the dilated rule, one position a
+    step on a canvas of 4); the reference sampler (commit off) re-draws accepted positions, and a masking sampler
+    refuses the flag."""
+    model, params = model_and_params
+    common = dict(
+        selection=S.make_selection("dilated"), early_stopping=E.NoEarlyStop(), num_steps=CANVAS,
+        temperature=TEMP.ConstantTemperature(5.0),  # hot: a re-drawn token differs
+    )  # fmt: skip
+    init = uniform_sampler().initial_canvas(jax.random.key(13), 2)
+    runs = {}
+    for commit in (True, False):
+        result = denoise_canvas(
+            model, params, prefix_cache, init, jax.random.key(14), sampler=uniform_sampler(commit=commit, **common),
+            return_trajectory=True,
+        )  # fmt: skip
+        runs[commit] = np.asarray(result.trajectory)
+        assert np.asarray(result.steps).tolist() == [CANVAS, CANVAS]  # no early stop with positions undecided
+    order = np.argsort(S.dilated_rank(CANVAS))  # the position the rule decides at each step
+    kept = runs[True]
+    for step, position in enumerate(order):
+        assert (kept[step:, :, position] == kept[-1][None, :, position]).all()
+    assert any((runs[False][step:, :, p] != runs[False][-1][None, :, p]).any() for step, p in enumerate(order[:-1]))
+    with pytest.raises(ValueError, match="commit"):
+        masking_sampler(S.make_selection("dilated"), commit=True)

@@ -433,13 +433,13 @@ def _denoise(
         else:
             noise = jax.vmap(lambda k: process.prior_sample(k, (c,)))(step_keys[:, 2]).astype(jnp.int32)
             new = jnp.where(undecided, jnp.where(accept, candidates, noise), old)
-        stop = sampler.early_stopping(shaped, old, new, free, state["argmax"])
+        if sampler.commit:  # a committing uniform row stops exactly when nothing is left undecided (no noise left)
+            stop = ~jnp.any(undecided & ~accept, axis=-1)
+        else:
+            stop = sampler.early_stopping(shaped, old, new, free, state["argmax"])
         if persistent:  # a masking row never stops with masks left; without remasking it stops when none are
             unmasked = ~jnp.any(free & (new == process.mask_id), axis=-1)
             stop = (stop & unmasked) | (unmasked & (not sampler.selection.remasks))
-        elif sampler.commit:  # nor does a committing uniform row with positions still undecided (they hold noise)
-            settled = ~jnp.any(undecided & ~accept, axis=-1)
-            stop = (stop & settled) | settled
         running = ~state["done"]
         new_state = dict(
             step=step + 1,

@@ -23,7 +23,9 @@ median of `--repeats` calls after a compiling call. Time to first token: the fir
 steps, the commit) for diffusion; the prefill plus one decode step for AR.
 
 `--selection dilated,entropy_bound` times the canvas sampler under each selection rule (the rule a distilled or
-few-step sampler decodes with; the step program is the same, the selection and generation figures are the rule's).
+few-step sampler decodes with; the step program is the same, the selection and generation figures are the rule's),
+and `--process masking,uniform` under each kind of noise (a uniform sampler re-draws its undecided positions from the
+prior at every step, as DiffusionGemma's reference does).
 
 One JSON line per selection rule and steps-per-canvas setting: `canvas` and `ar` blocks with `tokens_per_s`, `step_s`,
 `bytes_per_step`, `gbps`, `frac_bw_peak`, `flops_per_step`, `frac_flops_peak`, `ttft_s`; the prefill; `ratio` (canvas
@@ -50,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hackable_diffusion.diffusion.processes import MaskingProcess
+from hackable_diffusion.diffusion.processes import MaskingProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.models import presets
 from hackable_diffusion.models import quantize as Q
@@ -282,7 +284,12 @@ def run(args) -> list[dict]:
             prefill_s, weight_bytes(counted, cfg, p) + stored_bytes, forward_flops(cfg, params, p, 0), peaks
         )
 
-        process = MaskingProcess(vocab_size=cfg.vocab_size, schedule=LinearSchedule(), mask_id=SPECIAL_IDS[3])
+        processes = {
+            "masking": MaskingProcess(vocab_size=cfg.vocab_size, schedule=LinearSchedule(), mask_id=SPECIAL_IDS[3]),
+            "uniform": UniformProcess(
+                vocab_size=cfg.vocab_size, schedule=LinearSchedule(), excluded_ids=tuple(SPECIAL_IDS)
+            ),
+        }
         new_tokens = n * c
 
         def ar_generate(max_new):
@@ -293,9 +300,9 @@ def run(args) -> list[dict]:
         fp8 = weights_mode == "fp8"  # generation would run the unquantized weights: figures from the step programs
         ar_gen_s = new_tokens * ar_s if fp8 else median_time(lambda: ar_generate(new_tokens), repeats)
         ar_ttft = prefill_s + ar_s  # the prompt's prefill and one decode step, both timed above
-        for selection_rule, steps in itertools.product(args.selection, args.steps):
+        for process_name, selection_rule, steps in itertools.product(args.process, args.selection, args.steps):
             sampler = DiffusionSampler(
-                process=process,
+                process=processes[process_name],
                 canvas_length=c,
                 num_steps=steps,
                 early_stopping=NoEarlyStop(),
@@ -348,6 +355,7 @@ def run(args) -> list[dict]:
                 "cache_tokens": cache_length,
                 "steps_per_canvas": steps,
                 "steps_note": "fixed (random weights; early stopping off)",
+                "process": process_name,
                 "selection": selection_rule,
                 "draw": args.draw,
                 "canvas_loop": args.canvas_loop,
@@ -423,15 +431,16 @@ def first_canvas_figures(args, generate, sampler, new_tokens, plain_gen_s, ar_tt
 
 def markdown(lines: list[dict]) -> str:
     rows = [
-        "| model | dtype | device | selection | steps/canvas | canvas step (ms) | canvas GB/s (frac of peak) "
+        "| model | dtype | device | process | selection | steps/canvas | canvas step (ms) | canvas GB/s (frac of peak) "
         "| canvas TFLOP/s (frac) "
         "| canvas tok/s | AR step (ms) | AR GB/s (frac) | AR tok/s | ratio | TTFT canvas / AR (s) |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for line in lines:
         cv, ar = line["canvas"], line["ar"]
         rows.append(
-            f"| {line['model']} | {line['dtype']} | {line['device']} | {line['selection']} | "
+            f"| {line['model']} | {line['dtype']} | {line['device']} | {line.get('process', 'masking')} | "
+            f"{line['selection']} | "
             f"{line['steps_per_canvas']} | "
             f"{1e3 * cv['step_s']:.2f} | {cv['gbps']:.1f} ({cv['frac_bw_peak']:.0%}) | "
             f"{cv['tflops']:.3f} ({cv['frac_flops_peak']:.0%}) | {cv['tokens_per_s']:.1f} | {1e3 * ar['step_s']:.2f} | "
@@ -471,6 +480,12 @@ def main() -> None:
         f"every canvas takes exactly the stated steps): {', '.join(sorted(SELECTION_RULES))}",
     )
     parser.add_argument(
+        "--process",
+        default="masking",
+        help="masking, uniform or both (masking,uniform): the canvas sampler's noise, each timed with every rule and "
+        "--steps (uniform: every undecided position is re-drawn from the prior at every step, as the reference)",
+    )
+    parser.add_argument(
         "--weights", default="native", help="native, fp8 or both (native,fp8): fp8 = weight-only FP8 step programs"
     )
     parser.add_argument("--prompt", type=int, default=256)
@@ -491,6 +506,9 @@ def main() -> None:
     args.selection = [r for r in args.selection.split(",") if r]
     if not args.selection or set(args.selection) - set(SELECTION_RULES):
         raise SystemExit(f"error: --selection must list rules of {sorted(SELECTION_RULES)}, got {args.selection}.")
+    args.process = [w for w in args.process.split(",") if w]
+    if not args.process or set(args.process) - {"masking", "uniform"}:
+        raise SystemExit(f"error: --process must list masking and/or uniform, got {args.process}.")
     args.weights = [w for w in args.weights.split(",") if w]
     args.first_canvas = [int(f) for f in args.first_canvas.split(",") if f]
     if any(not 1 <= f <= args.canvas for f in args.first_canvas):

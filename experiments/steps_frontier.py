@@ -16,11 +16,11 @@ spends a budget below the canvas length one position per step and decides the re
 count their positions per step themselves). A student named RUN@STEP is
 measured at that kept checkpoint (to pick a stopping step on the frontier).
 `--config.sampler.<key>=value` arguments change the students' samplers (e.g. their temperature), not the teacher's.
-`--cooled MAX/MIN,...` measures every diffusion model also at these temperature schedules (its sampler anneals from
-MAX at full noise to MIN at none), and `--teacher_rules dilated,...` the teacher also under other selection rules
-(their own defaults; `dilated+commit`: a uniform sampler that keeps what it accepts), at the same budgets: a student
-that only learned to sample colder lands on the teacher's curve,
-so a student's gain is its distance below the cooled teacher at equal unigram entropy (FILE_plane.png: gen. perplexity
+`--cooled MAX/MIN[^EXPONENT],...` measures every diffusion model also at these temperature schedules (its sampler
+anneals from MAX at full noise to MIN at none, as T(t) = MIN + (MAX - MIN)(1 - (1 - t)^EXPONENT)), and
+`--teacher_rules dilated,...` the teacher also under other selection rules (their own defaults; `dilated+commit`: a
+uniform sampler that keeps what it accepts), at the same budgets: a student that only learned to sample colder lands
+on the teacher's curve, so a student's gain is its distance below the cooled teacher at equal unigram entropy (FILE_plane.png: gen. perplexity
 against unigram entropy, one panel per budget).
 The AR run's own samples are one more row (its temperature, one pass per token). Writes FILE.jsonl (one row per
 model and budget), FILE.png (gen. perplexity and entropies against steps per canvas) and prints one JSON line with
@@ -159,19 +159,15 @@ def plot_plane(rows: list[dict], path: pathlib.Path) -> None:
     fig.savefig(path, dpi=90)
 
 
-def cooled_schedules(spec: str) -> list[tuple[float, float]]:
-    """Parses "0.6/0.3,0.5/0.25" into [(0.6, 0.3), (0.5, 0.25)]: (temperature at full noise, at none) pairs."""
-    out = []
-    for item in filter(None, spec.split(",")):
-        high, sep, low = item.partition("/")
-        try:
-            pair = (float(high), float(low))
-        except ValueError:
-            pair = None
-        if not sep or pair is None or not 0 < pair[1] <= pair[0]:
-            raise ValueError(f"--cooled {item!r} must be MAX/MIN with 0 < MIN <= MAX, e.g. 0.6/0.3.")
-        out.append(pair)
-    return out
+def cooled_schedules(spec: str) -> list[tuple[float, float, float | None]]:
+    """Parses "0.6/0.3,1.6/0.2^0.25" into [(0.6, 0.3, None), (1.6, 0.2, 0.25)]: the temperature at full noise, at
+    none, and the annealing exponent (None: the run's own `sampler.temperature_exponent`)."""
+    from hackable_diffusion.sampling.temperature import parse_annealed
+
+    try:
+        return [parse_annealed(item) for item in filter(None, spec.split(","))]
+    except ValueError as err:
+        raise ValueError(f"--cooled: {err}") from None
 
 
 def main() -> None:
@@ -191,7 +187,8 @@ def main() -> None:
     parser.add_argument(
         "--cooled",
         default="",
-        help="MAX/MIN,...: every diffusion model also at these temperature schedules (full noise / none)",
+        help="MAX/MIN[^EXPONENT],...: every diffusion model also at these temperature schedules (full noise / none; "
+        "the annealing exponent, default the run's own: below 1 the temperature falls fast after the first step)",
     )
     parser.add_argument(
         "--teacher_rules",
@@ -247,10 +244,14 @@ def main() -> None:
                     cli.fail(f"--teacher_rules {rule!r}: write RULE or RULE+commit.")
                 config.sampler.selection = {"rule": name}
                 config.sampler.commit = bool(commit)
+            label = model
             if temps:
-                config.sampler.max_temperature, config.sampler.min_temperature = temps
+                config.sampler.max_temperature, config.sampler.min_temperature, exponent = temps
+                label += f"_T{temps[0]:g}/{temps[1]:g}"
+                if exponent is not None:
+                    config.sampler.temperature_exponent = exponent
+                    label += f"^{exponent:g}"
             exp = dataclasses.replace(base, config=config)
-            label = model + (f"_T{temps[0]:g}/{temps[1]:g}" if temps else "")
             for steps in budgets:
                 started = time.perf_counter()
                 out = measure(
@@ -268,18 +269,21 @@ def main() -> None:
                     float(exp.config.sampler.max_temperature),
                     float(exp.config.sampler.min_temperature),
                 ]
+                row["temperature_exponent"] = float(exp.config.sampler.temperature_exponent)
                 row["wall_seconds"] = time.perf_counter() - started
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "sample"}), flush=True)
     out = measure(ar, ar_params, prompts, args.new_tokens, ar, ar_params, args.seed)
     rows.append({"label": "ar", "run": args.ar, "checkpoint_step": int(ar_step), "steps_per_canvas": None, **out})
     path = pathlib.Path(args.out)
+    if path.suffix in (".jsonl", ".png"):  # FILE names a stem: "runs/exp0.5" keeps its ".5"
+        path = path.with_suffix("")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.with_suffix(".jsonl").open("w") as f:
+    with path.parent.joinpath(path.name + ".jsonl").open("w") as f:
         f.write(json.dumps({"command": command}) + "\n")
         for row in rows:
             f.write(json.dumps(row) + "\n")
-    plot(rows, path.with_suffix(".png"))
+    plot(rows, path.parent / (path.name + ".png"))
     plot_plane(rows, path.parent / (path.name + "_plane.png"))
     summary = {
         r["label"] + (f"@{r['steps_per_canvas']}" if r["steps_per_canvas"] else ""): round(r["gen_ppl"], 2)

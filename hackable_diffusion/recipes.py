@@ -545,6 +545,7 @@ def distill_sections(
             shared_noise=False,  # reverse_kl: a prompt's samples share their ELBO draws' noise (common random numbers)
             exact_entropy=False,  # reverse_kl: the student's log q terms by their exact conditional expectations
             student_process="",  # fixed_order: "masking" or "uniform" for a student of another process ("": the same)
+            student_temperature="",  # "MAX/MIN^EXPONENT": the student's saved sampling schedule ("": the teacher's)
         )
     )
     return constant_lr_schedule(c, peak_lr, steps, warmup=20, log_every=10, eval_every=0, checkpoint_every=50)

@@ -40,12 +40,14 @@ from hackable_diffusion.distill.student_loss import StudentLoss
 from hackable_diffusion.distill.teacher import PromptStream, TeacherPool, build_pool
 from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import partitioning
+from hackable_diffusion.sampling import temperature as temperature_lib
 from hackable_diffusion.training.workdir_lock import WorkdirLock
 
 DISTILL_KEYS = (
     "method", "teacher_steps", "student_steps", "rest_weight", "pool_size", "batch_size", "greedy_temperature",
     "self_condition_prob", "keep", "group_size", "elbo_draws", "target_sharpness",
     "target_temperature", "shared_noise", "exact_entropy", "teacher_selection", "student_process", "teacher_process",
+    "student_temperature", "teacher_temperature",
 )  # fmt: skip
 #: sections a student takes from its teacher's run (the layout and task the weights were trained in)
 INHERITED_SECTIONS = ("data", "diffusion", "sampler", "solver", "eval")
@@ -128,6 +130,17 @@ def resolve_config(
                 {"rule": methods_lib.FixedOrderDistillation.student_rule}
             )
             config.sampler.commit = config.diffusion.process != "masking"  # uniform: decided tokens stay
+        student_temperature = config.distill.get("student_temperature") or ""
+        if student_temperature:  # the student's own schedule; the teacher's trajectories keep the inherited one
+            high, low, exponent = temperature_lib.parse_annealed(student_temperature)
+            if not config.distill.get("teacher_temperature"):
+                s = config.sampler
+                config.distill.teacher_temperature = (
+                    f"{s.max_temperature:g}/{s.min_temperature:g}^{s.get('temperature_exponent', 1.0):g}"
+                )
+            config.sampler.max_temperature, config.sampler.min_temperature = high, low
+            if exponent is not None:
+                config.sampler.temperature_exponent = exponent
     return config
 
 
@@ -150,6 +163,9 @@ def teacher_sampler(exp, config: ml_collections.ConfigDict, method, num_steps: i
     overrides = dict(num_steps=steps, early_stopping=NoEarlyStop())
     if num_steps is None and d.get("teacher_selection"):  # the teacher's own rule (fixed_order: not the student's)
         overrides.update(selection=builders.build_selection(d.teacher_selection), commit=False)
+    if num_steps is None and d.get("teacher_temperature"):  # the teacher's own schedule, not the student's
+        high, low, exponent = temperature_lib.parse_annealed(d.teacher_temperature)
+        overrides["temperature"] = AnnealedTemperature(low, high, 1.0 if exponent is None else exponent)
     if canvas:
         overrides["canvas_length"] = canvas
     if method.greedy_teacher:

@@ -3,8 +3,8 @@
 Reference: DiffusionGemma's `AnnealingTemperatureShaper` (docs/reference.md §2.5),
 T(t) = min + (max - min) (1 - (1 - t)^exponent) with min 0.4, max 0.8, exponent 1, evaluated at the step's *current*
 noise level t_i = 1 - i/S. With S = 48 steps the temperature goes from 0.8 at step 0 to 0.4083 at step 47 (0.4 itself
-is never reached). The shaped logits feed three things (docs/reference.md §2.5): the candidate sample, the selection rule's scores and
-the self-conditioning signal.
+is never reached). The shaped logits feed three things (docs/reference.md §2.5): the candidate sample, the selection
+rule's scores and the self-conditioning signal.
 
 Differences: the reference keeps shaped logits in the logits dtype (bf16); the canvas loop here shapes them in float32.
 A temperature must be > 0; a small value (e.g. 1e-3) is numerically greedy, since sampling is a float32 Gumbel-max.
@@ -64,6 +64,23 @@ class AnnealedTemperature(Temperature):
         t = jnp.clip(jnp.asarray(t, jnp.float32), 0.0, 1.0)
         span = self.max_temperature - self.min_temperature
         return self.min_temperature + span * (1.0 - (1.0 - t) ** self.exponent)
+
+
+def parse_annealed(spec: str) -> tuple[float, float, float | None]:
+    """Parses "MAX/MIN" or "MAX/MIN^EXPONENT" (e.g. "1.6/0.2^0.25") into (max, min, exponent or None): the temperature
+    at full noise, at none, and the annealing exponent (below 1 the temperature falls fast after the first step)."""
+    pair, hat, exponent = spec.partition("^")
+    high, sep, low = pair.partition("/")
+    try:
+        schedule = (float(high), float(low), float(exponent) if hat else None)
+    except ValueError:
+        schedule = None
+    if not sep or schedule is None or not 0 < schedule[1] <= schedule[0] or (hat and not schedule[2] > 0):
+        raise ValueError(
+            f"temperature schedule {spec!r} must be MAX/MIN or MAX/MIN^EXPONENT with 0 < MIN <= MAX and EXPONENT > 0, "
+            "e.g. 0.8/0.4 or 1.6/0.2^0.25."
+        )
+    return schedule
 
 
 TEMPERATURES: dict[str, Any] = {"constant": ConstantTemperature, "annealed": AnnealedTemperature}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from _commands import one_error_line, run_module
 
-from hackable_diffusion import cli, experiment, recipes
+from hackable_diffusion import builders, cli, experiment, recipes
 from hackable_diffusion.checkpoints import toolbox
 from hackable_diffusion.diffusion.processes import MaskingProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
@@ -143,6 +143,31 @@ def test_fixed_order_gives_the_student_the_dilated_rule_and_the_teacher_its_own(
         command.resolve_config(
             distill_config("unused", method="trajectory"), base, ["--config.distill.student_process=masking"]
         )
+
+
+def test_a_student_temperature_is_saved_for_the_student_while_the_teacher_keeps_its_own():
+    from hackable_diffusion.checkpoints import base_weights
+    from hackable_diffusion.diffusion.processes import UniformProcess
+
+    teacher = recipes.text_config("shakespeare", "uniform", seq_len=48, canvas_len=16)
+    model, params = tiny_model()
+    base = base_weights.Base(model=model, tokenizer=None, params=params, source="toolbox:t", source_config=teacher)
+    config = distill_config("unused", method="fixed_order")
+    hot_first = ["--config.distill.student_temperature=1.6/0.2^0.25", "--config.sampler.max_temperature=0.9"]
+    resolved = command.resolve_config(config, base, hot_first)
+    s = resolved.sampler
+    assert (s.max_temperature, s.min_temperature, s.temperature_exponent) == (1.6, 0.2, 0.25)
+    assert resolved.distill.teacher_temperature == "0.9/0.4^1"  # the inherited schedule with the command line's change
+    teacher_sampler = command.teacher_sampler(TaskFreeExperiment(UniformProcess(12, LinearSchedule())), resolved,
+                                              command.check_distill_config(resolved))  # fmt: skip
+    levels = np.array([1.0, 0.5, 0.0])
+    np.testing.assert_allclose(teacher_sampler.temperature(levels), [0.9, 0.65, 0.4], rtol=1e-6)
+    student = builders.build_sampler(resolved, UniformProcess(12, LinearSchedule()))
+    np.testing.assert_allclose(student.temperature(levels), [1.6, 0.2 + 1.4 * (1 - 0.5**0.25), 0.2], rtol=1e-6)
+    plain = command.resolve_config(config, base, [])
+    assert not plain.distill.get("teacher_temperature") and plain.sampler.max_temperature == 0.8
+    with pytest.raises(ValueError, match="MAX/MIN"):
+        command.resolve_config(config, base, ["--config.distill.student_temperature=0.2/1.6"])
 
 
 @pytest.mark.parametrize("teacher,student", [(4, 3), (4, 8), (4, 0)])
@@ -298,7 +323,10 @@ def test_a_resumed_distillation_equals_the_uninterrupted_one(trained_text_runs, 
 
 @pytest.mark.slow
 def test_the_uniform_recipe_distils_a_uniform_run_by_consistency_with_its_self_conditioner(trained_text_runs, tmp_path):
-    assert cli.load_config_file("configs/distill_shakespeare_uniform.py").distill.method == "fixed_order"
+    recipe = cli.load_config_file("configs/distill_shakespeare_uniform.py").distill
+    assert recipe.method == "fixed_order" and recipe.student_process == "masking" and recipe.student_temperature
+    same_process = cli.load_config_file("configs/distill_shakespeare_uniform.py:uniform_student").distill
+    assert same_process.method == "fixed_order" and not same_process.student_process
     c = cli.load_config_file("configs/distill_shakespeare_uniform.py:consistency")
     assert c.distill.method == "consistency" and c.distill.self_condition_prob == 0.5
     c.init = recipes.init_section("toolbox", str(trained_text_runs["uniform"]))

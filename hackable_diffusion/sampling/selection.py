@@ -280,7 +280,22 @@ class DilatedOrder:
         return jnp.broadcast_to(-rank, candidates.shape)
 
 
-SUMMARY_SCORES = (Confidence, Margin, NegEntropy, DilatedOrder)  # the scores that also read a `LogitSummary`
+@dataclasses.dataclass(frozen=True)
+class LeftToRight:
+    """A fixed, model-free score: the leftmost undecided position scores highest, so a top-k rule decodes the canvas
+    in reading order, k positions a step (one per step: autoregressive order run on a bidirectional model, the
+    semi-autoregressive decoding of LLaDA, Nie et al. 2025, with blocks of one position). Useful where the answer is
+    a left-to-right derivation (Countdown) and to tell a model's errors from its decoding order's."""
+
+    def __call__(
+        self, logits: Float[Array, "b c v"] | LogitSummary, candidates: Int[Array, "b c"]
+    ) -> Float[Array, "b c"]:
+        del logits
+        return jnp.broadcast_to(-jnp.arange(candidates.shape[-1], dtype=jnp.float32), candidates.shape)
+
+
+# the scores that also read a `LogitSummary`
+SUMMARY_SCORES = (Confidence, Margin, NegEntropy, DilatedOrder, LeftToRight)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -566,6 +581,7 @@ SELECTION_RULES: dict[str, Any] = {
     "maskgit": lambda **kw: TopK(score=Confidence(), count=CosineCount(), **kw),
     "llada": lambda **kw: TopK(score=Confidence(), count=EvenCount(), **kw),
     "dilated": lambda **kw: TopK(score=DilatedOrder(), **{"count": EvenCount(), **kw}),
+    "left_to_right": lambda **kw: TopK(score=LeftToRight(), **{"count": EvenCount(), **kw}),
     "threshold": ConfidenceThreshold,
     "remdm_cap": ReMDMCap,
     "remdm_rescale": ReMDMRescale,

@@ -75,6 +75,24 @@ def test_entropy_bound_min_count_spreads_a_step_budget():
     np.testing.assert_array_equal(wide[0], np.asarray(ahead[0]))
 
 
+def test_left_to_right_rule_decodes_in_reading_order_skipping_what_is_decided():
+    rule = S.make_selection("left_to_right")
+    assert rule == S.TopK(score=S.LeftToRight(), count=S.EvenCount())
+    logits = jax.random.normal(jax.random.key(2), (2, 6, 5))  # the logits do not matter
+    cand = jnp.zeros((2, 6), jnp.int32)
+    undecided = jnp.array([[False, True, True, False, True, True], [True] * 6])  # row 0: positions 0 and 3 given
+    order = [[], []]
+    for step in range(6):
+        accept, remask = rule(KEYS1, logits, cand, undecided, info(step=step, num_steps=6, shape=(2, 6)))
+        assert not remask.any() and not (accept & ~undecided).any()
+        for row in range(2):
+            order[row] += list(np.flatnonzero(accept[row]))
+        undecided = undecided & ~accept
+    assert order == [[1, 2, 4, 5], [0, 1, 2, 3, 4, 5]] and not undecided.any()
+    two_steps, _ = rule(KEYS1, logits, cand, jnp.ones((2, 6), bool), info(step=0, num_steps=2, shape=(2, 6)))
+    np.testing.assert_array_equal(two_steps[0], [1, 1, 1, 0, 0, 0])  # 6 positions in 2 steps: the left half first
+
+
 def test_dilated_rule_decides_far_apart_positions_first_and_fills_the_gaps():
     assert list(np.argsort(S.dilated_rank(8))) == [0, 4, 2, 6, 1, 3, 5, 7]
     assert sorted(S.dilated_rank(12)) == list(range(12))  # any length: a permutation

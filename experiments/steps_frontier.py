@@ -20,8 +20,8 @@ measured at that kept checkpoint (to pick a stopping step on the frontier).
 anneals from MAX at full noise to MIN at none, as T(t) = MIN + (MAX - MIN)(1 - (1 - t)^EXPONENT)), and
 `--teacher_rules dilated,...` the teacher also under other selection rules (their own defaults; `dilated+commit`: a
 uniform sampler that keeps what it accepts), at the same budgets: a student that only learned to sample colder lands
-on the teacher's curve, so a student's gain is its distance below the cooled teacher at equal unigram entropy (FILE_plane.png: gen. perplexity
-against unigram entropy, one panel per budget).
+on the teacher's curve, so a student's gain is its distance below the cooled teacher at equal unigram entropy
+(FILE_plane.png: gen. perplexity against unigram entropy, one panel per budget).
 The AR run's own samples are one more row (its temperature, one pass per token). Writes FILE.jsonl (one row per
 model and budget), FILE.png (gen. perplexity and entropies against steps per canvas) and prints one JSON line with
 the gen. perplexity of each model at each budget.

@@ -439,7 +439,7 @@ def markdown(lines: list[dict]) -> str:
     for line in lines:
         cv, ar = line["canvas"], line["ar"]
         rows.append(
-            f"| {line['model']} | {line['dtype']} | {line['device']} | {line.get('process', 'masking')} | "
+            f"| {line['model']} | {line['dtype']} | {line['device']} | {line['process']} | "
             f"{line['selection']} | "
             f"{line['steps_per_canvas']} | "
             f"{1e3 * cv['step_s']:.2f} | {cv['gbps']:.1f} ({cv['frac_bw_peak']:.0%}) | "

@@ -279,7 +279,7 @@ def main() -> None:
     if path.suffix in (".jsonl", ".png"):  # FILE names a stem: "runs/exp0.5" keeps its ".5"
         path = path.with_suffix("")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.parent.joinpath(path.name + ".jsonl").open("w") as f:
+    with (path.parent / (path.name + ".jsonl")).open("w") as f:
         f.write(json.dumps({"command": command}) + "\n")
         for row in rows:
             f.write(json.dumps(row) + "\n")

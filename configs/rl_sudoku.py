@@ -14,6 +14,12 @@ standardisation then turns noise into advantages (results/rl/README.md). Prompts
 with 22-28 givens (generator seed 3: neither the starting run's training seed 0 nor the held-out sets' 7, 8, 17, 22).
 `--config.rl.objective=wd1|elbo` swaps the objective; `--config.lora.rank=8` trains adapters only;
 `--config.rl.scorer=trajectory` scores each cell at the pass that wrote it (TraceRL; docs/rl.md).
+
+`configs/rl_sudoku.py:expert_iteration`: expert iteration (docs/rl.md): rollouts from the recipe's paced search on 4
+symmetric copies (one completion per puzzle: the search draws no tokens), the policy trained on the masking ELBO of
+the grids the checker accepts, each rollout of 64 puzzles reused for 4 steps with fresh noise, at the starting run's
+final learning rate (1e-4). The run's held-out evaluation is off (it would run the search); evaluate the one-attempt
+sampler with `--config.solver.search=False --config.solver.parallel_attempts=1 --config.solver.search_paced=False`.
 """
 
 from hackable_diffusion import recipes
@@ -31,4 +37,12 @@ def get_config(objective: str = "diffu_grpo"):
     c.eval.batch_size = 128
     c = recipes.rl_sections(c, checkpoint="runs/sudoku_hard", objective=objective, steps=100, peak_lr=5e-5)
     c.rl.temperature = 0.7
+    if objective == "expert_iteration":
+        c.solver.search, c.solver.search_paced = True, True
+        c.solver.pass_budget, c.solver.parallel_attempts = 12, 4
+        c.rl.prompts_per_rollout, c.rl.group_size, c.rl.inner_updates = 64, 1, 4
+        c.rl.prompt_mask_prob, c.rl.elbo_draws = 0.0, 1
+        c.optimizer.peak_lr = c.optimizer.end_lr = 1e-4
+        c.train.num_steps = 200
+        c.train.eval_every = 0
     return c

@@ -486,9 +486,9 @@ def rl_sections(
     c = _from_weights(config, checkpoint, lora_rank)
     c.rl = ml_collections.ConfigDict(
         dict(
-            objective=objective,  # "diffu_grpo" | "wd1" | "elbo" | "ar_grpo"
+            objective=objective,  # "diffu_grpo" | "wd1" | "elbo" | "ar_grpo" | "expert_iteration"
             prompts_per_rollout=8,  # K prompts per rollout
-            group_size=8,  # G completions per prompt
+            group_size=8,  # G completions per prompt (expert_iteration: 1 is enough)
             inner_updates=2,  # mu optimizer steps per rollout batch
             prompt_mask_prob=0.15,  # diffu-GRPO / wd1: each prompt token masked with this probability (0 for AR runs)
             advantage_scale="std",  # "std": (r - mean) / std per group; "none": r - mean
@@ -496,7 +496,7 @@ def rl_sections(
             kl_beta=0.0,  # weight of the k3 KL to the starting weights
             wd1_psi=1.0,  # wd1: softmax temperature on the advantages
             wd1_negative_weight=1.0,  # wd1: weight of the negative samples' term
-            elbo_draws=4,  # ELBO policy gradient: noise draws per completion
+            elbo_draws=4,  # ELBO policy gradient and expert iteration (in place): noise draws per completion
             shaped_reward=False,  # the task's partial credit (Sudoku: rewards.py) on top of exact = 1
             temperature=1.0,  # rollouts draw tokens at this temperature
             dynamic_sampling=0,  # DAPO's dynamic sampling: up to this many extra draws of K x G per rollout until K

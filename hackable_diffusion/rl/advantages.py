@@ -17,10 +17,11 @@ SCALES = ("std", "none")
 
 
 def informative_groups(rewards: Float[np.ndarray, "k g"]) -> Bool[np.ndarray, " k"]:
-    """Whether each group's (row's) rewards differ somewhere; a tied group has no group-relative signal."""
+    """Whether each group's (row's) rewards differ somewhere; a tied group (and a group of one) has no group-relative
+    signal."""
     r = np.asarray(rewards, np.float64)
-    if r.ndim != 2 or r.shape[1] < 2:
-        raise ValueError(f"rewards must be (prompts, completions per prompt >= 2), got shape {r.shape}.")
+    if r.ndim != 2 or r.shape[1] < 1:
+        raise ValueError(f"rewards must be (prompts, completions per prompt), got shape {r.shape}.")
     return (r.max(axis=1) - r.min(axis=1)) > 0
 
 

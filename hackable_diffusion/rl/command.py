@@ -29,7 +29,7 @@ from hackable_diffusion.rl.rollouts import RolloutSettings, RolloutStream
 from hackable_diffusion.rl.scorers import AutoregressiveScorer, MeanFieldScorer, TrajectoryScorer
 from hackable_diffusion.training.workdir_lock import WorkdirLock
 
-OBJECTIVES = ("diffu_grpo", "wd1", "elbo", "ar_grpo")
+OBJECTIVES = ("diffu_grpo", "wd1", "elbo", "ar_grpo", "expert_iteration")
 RL_KEYS = (
     "objective", "prompts_per_rollout", "group_size", "inner_updates", "prompt_mask_prob", "advantage_scale",
     "clip_eps", "kl_beta", "wd1_psi", "wd1_negative_weight", "elbo_draws", "shaped_reward", "temperature",
@@ -68,6 +68,22 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
             "scored from one forward of the trajectory scorer)."
         )
     settings = rollout_settings(config)
+    if rl.objective == "expert_iteration":
+        if float(rl.kl_beta):
+            raise ValueError(
+                f"config.rl.kl_beta={rl.kl_beta}: expert iteration imitates the search's accepted completions, which "
+                "are not the policy's samples, so it has no KL estimate; set config.rl.kl_beta=0."
+            )
+        if extra:
+            raise ValueError(
+                "config.rl.dynamic_sampling draws again for groups whose rewards tie; expert iteration uses no groups: "
+                "set it to 0."
+            )
+    elif settings.group_size < 2:
+        raise ValueError(
+            f"config.rl.group_size={settings.group_size}: {rl.objective} compares the completions of one prompt, so "
+            "it needs group_size >= 2 (a group of one is for objective='expert_iteration')."
+        )
     if autoregressive is None:
         return
     if autoregressive and scorer != "mean_field":
@@ -75,8 +91,10 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
             f"config.rl.scorer={scorer!r} scores a diffusion sampler's passes; an autoregressive run's log-probs are "
             "exact already: leave config.rl.scorer='mean_field'."
         )
-    if scorer == "trajectory" and rl.objective == "elbo":
-        raise ValueError("config.rl.scorer='trajectory' is for diffu_grpo and wd1; the ELBO objective has its own.")
+    if scorer == "trajectory" and rl.objective in ("elbo", "expert_iteration"):
+        raise ValueError(
+            f"config.rl.scorer='trajectory' is for diffu_grpo and wd1; objective={rl.objective!r} scores with the ELBO."
+        )
     if autoregressive and rl.objective in ("diffu_grpo", "elbo"):
         raise ValueError(
             f"config.rl.objective={rl.objective!r} needs a diffusion run; this run is autoregressive: use 'ar_grpo' "
@@ -166,6 +184,11 @@ def build_objective(config: ml_collections.ConfigDict, exp) -> Any:
             psi=float(rl.wd1_psi),
             negative_weight=float(rl.wd1_negative_weight),
             kl_beta=beta,
+        )
+    in_place_elbo = hasattr(exp.objective, "elbo_per_example") and getattr(exp.objective, "canvas_len", 0) is None
+    if rl.objective == "expert_iteration":  # the ELBO in place; else the scorer's log-probs (exact AR, mean-field)
+        return rl_objectives.ExpertIteration(
+            scorer, objective=exp.objective if in_place_elbo else None, draws=int(rl.elbo_draws)
         )
     if not hasattr(exp.objective, "elbo_per_example"):
         raise ValueError("config.rl.objective='elbo' needs a run trained in place with the masking ELBO objective.")

@@ -22,15 +22,26 @@ normalisation); the loss is their mean over valid rows.
   REINFORCE with the group baseline (no ratio; with several inner updates the later ones are off-policy and
   uncorrected). A bound-based estimator in the spirit of VRPO (LLaDA 1.5) and SPG, not their exact losses.
 
+* `ExpertIteration` — expert iteration (Anthony et al. 2017, "Thinking Fast and Slow with Deep Learning and Tree
+  Search"; ReST-EM, Singh et al. 2024): the rollouts come from an improvement operator stronger than the policy
+  (Sudoku: the model-steered search over symmetric copies, `config.solver.search`), and the policy maximises the
+  likelihood of the completions the verifier accepts (reward >= 1; every other row has weight 0). The likelihood is
+  the run's masking ELBO with `draws` noise draws (an in-place diffusion run: the pretraining loss on the accepted
+  completions, prompt held) or the scorer's log-probs (an AR run: exact; a canvas run: the mean-field estimate).
+  No advantages, groups or ratio: a group of one completion per prompt is enough. Differs from ExIt: no separate
+  apprentice network (the searched model is the policy), and one batch of expert completions per rollout, reused
+  for `rl.inner_updates` steps with fresh noise, instead of a growing dataset. No KL term: the accepted completions
+  are not the policy's samples, so the k3 estimate would not estimate the KL (`rl.kl_beta` must be 0).
+
 `DiffuGRPO` and `WD1` also take `scorers.TrajectoryScorer` (TraceRL's per-pass log-probs, `config.rl.scorer`) in
 place of the mean-field estimate.
 
 The optional KL to the reference (`kl_beta` > 0) is the k3 estimator exp(r - l) - (r - l) - 1 per completion token
 (Schulman's), with l the current and r the reference log-prob under the same scorer and mask; the reference is the
 starting weights (a LoRA run's base: no second copy is held). With `kl_beta` = 0 no reference pass is run: the `kl`
-metric then compares with the rollout-time policy (the ratio objectives) or is not measured (0). Metrics: the loss, the reward mean and spread, the
-solve rate, the share of groups used, the KL, the policy's mean per-token entropy and (ratio objectives) the
-fraction of tokens whose ratio was clipped.
+metric then compares with the rollout-time policy (the ratio objectives) or is not measured (0). Metrics: the loss, the
+reward mean and spread, the solve rate, the share of groups used, the KL, the policy's mean per-token entropy and (ratio
+objectives) the fraction of tokens whose ratio was clipped; expert iteration: the share of rows accepted.
 """
 
 from __future__ import annotations
@@ -171,6 +182,26 @@ class WD1:
         return loss, metrics
 
 
+def negative_elbo(objective, params, batch: dict[str, Array], rng: jax.Array, draws: int) -> Float[Array, " b"]:
+    """Each completion's negative masking ELBO in nats per completion token (completion corrupted, prompt held),
+    averaged over `draws` noise draws."""
+    rows = {"tokens": batch["tokens"], "fixed": ~batch["completion"]}
+
+    def one(key):
+        nats, counted = objective.elbo_per_example(params, rows, key)
+        return nats / jnp.maximum(counted, 1)
+
+    return jnp.mean(jax.vmap(one)(jax.random.split(rng, draws)), axis=0)
+
+
+def _check_in_place(objective) -> None:
+    if objective is not None and objective.canvas_len is not None:
+        raise ValueError(
+            "the masking ELBO scores a completion in place (one canvas): it needs an in-place run "
+            "(config.diffusion.canvas_len=0)."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class ElboPolicyGradient:
     """REINFORCE with the group baseline and the masking ELBO (mean of `draws` noise draws) in place of log pi."""
@@ -185,21 +216,11 @@ class ElboPolicyGradient:
     def __post_init__(self):
         if self.draws < 1:
             raise ValueError(f"config.rl.elbo_draws={self.draws} must be >= 1.")
-        if self.objective.canvas_len is not None:
-            raise ValueError(
-                "the ELBO policy gradient scores a completion in place (one canvas): it needs an in-place run "
-                "(config.diffusion.canvas_len=0)."
-            )
+        _check_in_place(self.objective)
 
     def negative_elbo(self, params, batch: dict[str, Array], rng: jax.Array) -> Float[Array, " b"]:
         """The completion's negative ELBO in nats per completion token, averaged over `draws` noise draws."""
-        rows = {"tokens": batch["tokens"], "fixed": ~batch["completion"]}
-
-        def one(key):
-            nats, counted = self.objective.elbo_per_example(params, rows, key)
-            return nats / jnp.maximum(counted, 1)
-
-        return jnp.mean(jax.vmap(one)(jax.random.split(rng, self.draws)), axis=0)
+        return negative_elbo(self.objective, params, batch, rng, self.draws)
 
     def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
         completion, valid = batch["completion"], batch["valid"]
@@ -217,5 +238,42 @@ class ElboPolicyGradient:
             "elbo_nats_per_token": valid_mean(-nelbo, valid),
             "entropy": jax.lax.stop_gradient(valid_mean(row_means(entropy, completion), valid)),
             **_rollout_metrics(batch),
+        }
+        return loss, metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertIteration:
+    """Maximum likelihood of the verified completions of a stronger rollout procedure (see the module docstring):
+    the loss is the mean over accepted rows (`solved`) of the negative log-likelihood per completion token, the
+    masking ELBO's when `objective` is given, else the scorer's log-probs."""
+
+    scorer: Any  # the policy's entropy; without `objective`, the likelihood too
+    objective: obj_lib.DiffusionPretrainObjective | None = None
+    draws: int = 1
+
+    needs_old_log_probs = False
+
+    def __post_init__(self):
+        if self.draws < 1:
+            raise ValueError(f"config.rl.elbo_draws={self.draws} must be >= 1.")
+        _check_in_place(self.objective)
+
+    def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
+        completion, accepted = batch["completion"], batch["solved"]
+        log_probs, entropy, aux = score(self.scorer, params, batch)
+        if self.objective is not None:
+            nll = negative_elbo(self.objective, params, batch, rng, self.draws)
+            log_probs = jax.lax.stop_gradient(log_probs)  # the scorer's pass is only measured
+        else:
+            nll = -row_means(log_probs, completion)
+        imitation = valid_mean(nll, accepted)
+        loss = imitation + obj_lib.aux_loss(aux)
+        metrics = {
+            "loss": loss,
+            "policy_loss": imitation,
+            "entropy": jax.lax.stop_gradient(valid_mean(row_means(entropy, completion), accepted)),
+            **_rollout_metrics(batch),
+            "accepted_rows": jnp.mean(accepted),
         }
         return loss, metrics

@@ -62,11 +62,10 @@ class RolloutSettings:
     dynamic_sampling: int = 0
 
     def __post_init__(self):
-        if self.prompts_per_rollout < 1 or self.group_size < 2 or self.inner_updates < 1:
+        if self.prompts_per_rollout < 1 or self.group_size < 1 or self.inner_updates < 1:
             raise ValueError(
-                f"config.rl: prompts_per_rollout={self.prompts_per_rollout} must be >= 1, group_size="
-                f"{self.group_size} >= 2 (advantages compare completions of one prompt) and inner_updates="
-                f"{self.inner_updates} >= 1."
+                f"config.rl: prompts_per_rollout={self.prompts_per_rollout}, group_size={self.group_size} and "
+                f"inner_updates={self.inner_updates} must each be >= 1."
             )
         if not 0.0 <= self.prompt_mask_prob < 1.0:
             raise ValueError(f"config.rl.prompt_mask_prob={self.prompt_mask_prob} must lie in [0, 1).")

@@ -21,7 +21,9 @@ def test_std_and_mean_only_scales():
     with pytest.raises(ValueError, match="scale"):
         group_advantages(r, scale="max")
     with pytest.raises(ValueError, match="completions per prompt"):
-        group_advantages(np.zeros((3, 1)))
+        group_advantages(np.zeros((3,)))
+    adv, valid = group_advantages(np.array([[1.0], [0.0]]))  # groups of one (expert iteration): no relative signal
+    assert not valid.any() and not adv.any()
 
 
 def test_prompt_order_is_a_permutation_per_epoch_and_depends_on_the_seed():

@@ -132,7 +132,8 @@ def test_evaluate_reads_an_rl_run(source_run, tmp_path):
     "override, message",
     [
         ("--config.rl.objective=ppo", "config.rl.objective='ppo' must be one of"),
-        ("--config.rl.group_size=1", "group_size=1 >= 2"),
+        ("--config.rl.group_size=1", "it needs group_size >= 2"),
+        ("--config.rl.objective=expert_iteration --config.rl.kl_beta=0.1", "set config.rl.kl_beta=0"),
         ("--config.rl.temperature=0", "temperature=0"),
         ("--config.rl.scorer=exact", "config.rl.scorer='exact' must be one of"),
         ("--config.rl.trajectory_passes_per_forward=0", "trajectory_passes_per_forward=0 must be an integer >= 1"),
@@ -140,10 +141,30 @@ def test_evaluate_reads_an_rl_run(source_run, tmp_path):
 )
 def test_bad_rl_settings_stop_with_one_line(tmp_path, override, message):
     out = run_module(
-        "hackable_diffusion.rl", "--config", "configs/rl_sudoku.py", "--workdir", tmp_path / "rl", override
+        "hackable_diffusion.rl", "--config", "configs/rl_sudoku.py", "--workdir", tmp_path / "rl", *override.split()
     )
     assert message in one_error_line(out, alone=False)
     assert not (tmp_path / "rl" / "checkpoints").exists()
+
+
+def test_expert_iteration_runs_on_search_rollouts_and_trains_on_the_accepted_grids(source_run, tmp_path):
+    """One completion per puzzle from the paced search on 2 symmetric copies (the rules do most of the work on the
+    tiny puzzles): the accepted share is the solve rate, and training on those grids moves the weights."""
+    config, source = source_run
+    r = rl_config(config, source, steps=2, objective="expert_iteration")
+    r.rl.prompts_per_rollout, r.rl.group_size, r.rl.kl_beta, r.rl.shaped_reward, r.rl.elbo_draws = 8, 1, 0.0, False, 1
+    r.solver.rules, r.solver.search, r.solver.search_paced = True, True, True
+    r.solver.pass_budget, r.solver.parallel_attempts = 6, 2
+    command.run_rl(r, str(tmp_path / "rl"))
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [row for row in rows if row.get("split") == "train"]
+    assert len(train_rows) == 2
+    assert all(0.0 < row["accepted_rows"] == row["solve_rate"] for row in train_rows), train_rows
+    assert all(row["groups_used"] == 0.0 for row in train_rows)  # a group of one has no relative signal
+    start = toolbox.load_toolbox_params(source, weights="ema")[0]
+    after, step = final_params(tmp_path / "rl")
+    assert step == 2
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(after)))
 
 
 def test_the_objective_must_fit_the_run(source_run, tmp_path):

@@ -16,10 +16,11 @@ with 22-28 givens (generator seed 3: neither the starting run's training seed 0 
 `--config.rl.scorer=trajectory` scores each cell at the pass that wrote it (TraceRL; docs/rl.md).
 
 `configs/rl_sudoku.py:expert_iteration`: expert iteration (docs/rl.md): rollouts from the recipe's paced search on 4
-symmetric copies (one completion per puzzle: the search draws no tokens), the policy trained on the masking ELBO of
-the grids the checker accepts, each rollout of 64 puzzles reused for 4 steps with fresh noise, at the starting run's
-final learning rate (1e-4). The run's held-out evaluation is off (it would run the search); evaluate the one-attempt
-sampler with `--config.solver.search=False --config.solver.parallel_attempts=1 --config.solver.search_paced=False`.
+symmetric copies (one completion per puzzle: the search draws no tokens), the policy trained with the starting run's
+loss (unweighted masked CE) on the grids the checker accepts, each rollout of 64 puzzles reused for 4 steps with fresh
+noise, at the starting run's final learning rate (1e-4). The run's held-out evaluation is off (it would run the
+search); evaluate the one-attempt sampler with `--config.solver.search=False --config.solver.parallel_attempts=1
+--config.solver.search_paced=False`.
 """
 
 from hackable_diffusion import recipes

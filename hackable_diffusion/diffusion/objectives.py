@@ -172,6 +172,11 @@ class DiffusionPretrainObjective:
         b = batch["tokens"].shape[0]
         return terms["elbo"].reshape(b, -1).sum(-1), terms["scored"].reshape(b, -1).sum(-1)
 
+    def train_loss_per_example(self, params, batch: dict[str, Array], rng: jax.Array) -> Float[Array, " b"]:
+        """One draw of each example's training loss (`loss`: the ELBO per scored position, or a reweighted CE), whose
+        batch mean is the diffusion part of `__call__`'s loss without adaptation schedules."""
+        return self._terms(params, batch, rng)["train"]
+
     def _terms(self, params, batch: dict[str, Array], rng: jax.Array, mask_fraction=None) -> dict[str, Array]:
         x0: Int[Array, "b l"] = batch["tokens"]
         b, l = x0.shape

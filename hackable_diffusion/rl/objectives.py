@@ -25,9 +25,10 @@ normalisation); the loss is their mean over valid rows.
 * `ExpertIteration` — expert iteration (Anthony et al. 2017, "Thinking Fast and Slow with Deep Learning and Tree
   Search"; ReST-EM, Singh et al. 2024): the rollouts come from an improvement operator stronger than the policy
   (Sudoku: the model-steered search over symmetric copies, `config.solver.search`), and the policy maximises the
-  likelihood of the completions the verifier accepts (reward >= 1; every other row has weight 0). The likelihood is
-  the run's masking ELBO with `draws` noise draws (an in-place diffusion run: the pretraining loss on the accepted
-  completions, prompt held) or the scorer's log-probs (an AR run: exact; a canvas run: the mean-field estimate).
+  likelihood of the completions the verifier accepts (reward >= 1; every other row has weight 0). An in-place
+  diffusion run is trained with its own pretraining loss on the accepted completions, prompt held (`draws` noise
+  draws; the masking ELBO, or Sudoku's unweighted masked CE); otherwise the loss is the negative log-likelihood from
+  the scorer (an AR run: exact; a canvas run: the mean-field estimate).
   No advantages, groups or ratio: a group of one completion per prompt is enough. Differs from ExIt: no separate
   apprentice network (the searched model is the policy), and one batch of expert completions per rollout, reused
   for `rl.inner_updates` steps with fresh noise, instead of a growing dataset. No KL term: the accepted completions
@@ -245,8 +246,8 @@ class ElboPolicyGradient:
 @dataclasses.dataclass(frozen=True)
 class ExpertIteration:
     """Maximum likelihood of the verified completions of a stronger rollout procedure (see the module docstring):
-    the loss is the mean over accepted rows (`solved`) of the negative log-likelihood per completion token, the
-    masking ELBO's when `objective` is given, else the scorer's log-probs."""
+    the loss is the mean over accepted rows (`solved`) of `objective`'s training loss when it is given, else of the
+    negative log-likelihood per completion token from the scorer."""
 
     scorer: Any  # the policy's entropy; without `objective`, the likelihood too
     objective: obj_lib.DiffusionPretrainObjective | None = None
@@ -263,8 +264,9 @@ class ExpertIteration:
         completion, accepted = batch["completion"], batch["solved"]
         log_probs, entropy, aux = score(self.scorer, params, batch)
         if self.objective is not None:
-            nll = negative_elbo(self.objective, params, batch, rng, self.draws)
-            log_probs = jax.lax.stop_gradient(log_probs)  # the scorer's pass is only measured
+            rows = {"tokens": batch["tokens"], "fixed": ~batch["completion"]}
+            keys = jax.random.split(rng, self.draws)
+            nll = jnp.mean(jax.vmap(lambda k: self.objective.train_loss_per_example(params, rows, k))(keys), axis=0)
         else:
             nll = -row_means(log_probs, completion)
         imitation = valid_mean(nll, accepted)

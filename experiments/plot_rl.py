@@ -4,9 +4,10 @@
       --start 0.328
 
 Top: the rollouts' mean reward and solve rate (means over each logged interval); middle: the fraction of groups whose
-rewards differ (the only ones with a gradient); bottom: the held-out solve rate of
-the evaluation the run makes every `train.eval_every` steps (the run's one-attempt sampler on generated puzzles of the
-RL data's givens range), when present. Prints one JSON line per run with its first and last values.
+rewards differ (the only ones with a gradient); bottom: the held-out solve rate of the evaluation the run makes every
+`train.eval_every` steps (the run's one-attempt sampler on generated puzzles of the RL data's givens range), when
+present, and with `--rows` the evaluations of a rows file (one curve per row label). Prints one JSON line per run with
+its first and last values.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def main():
     parser.add_argument("--runs", required=True, help="comma-separated RL run directories")
     parser.add_argument("--out", required=True)
     parser.add_argument("--start", type=float, default=None, help="the starting weights' held-out exact (a line)")
+    parser.add_argument(
+        "--rows",
+        default=None,
+        help="a rows file of experiments/sudoku_search_table.sh: each row label's exact against the RL step in the "
+        "bottom panel (rows of another workdir than the runs', the starting run, at step 0)",
+    )
     args = parser.parse_args()
     fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
     for name in args.runs.split(","):
@@ -59,6 +66,17 @@ def main():
                 }
             )
         )
+    if args.rows:
+        runs = set(args.runs.split(","))
+        by_label: dict[str, list[tuple[int, float]]] = {}
+        for line in pathlib.Path(args.rows).read_text().splitlines():
+            row = json.loads(line)
+            step = row["checkpoint_step"] if row["workdir"] in runs else 0
+            by_label.setdefault(row["row"], []).append((step, row["accuracy"]))
+        for label, points in sorted(by_label.items()):
+            points.sort()
+            bottom.plot([p[0] for p in points], [p[1] for p in points], "s--", label=label)
+        print(json.dumps({"rows": {k: sorted(v) for k, v in by_label.items()}}))
     if args.start is not None:
         bottom.axhline(args.start, color="gray", linestyle=":", label="starting weights")
     top.set_ylabel("rollouts")

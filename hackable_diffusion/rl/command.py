@@ -71,8 +71,8 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
     if rl.objective == "expert_iteration":
         if float(rl.kl_beta):
             raise ValueError(
-                f"config.rl.kl_beta={rl.kl_beta}: expert iteration imitates the search's accepted completions, which "
-                "are not the policy's samples, so it has no KL estimate; set config.rl.kl_beta=0."
+                f"config.rl.kl_beta={rl.kl_beta}: expert iteration imitates the accepted rollouts (a search's, not "
+                "the policy's samples), so it has no KL estimate; set config.rl.kl_beta=0."
             )
         if extra:
             raise ValueError(
@@ -93,7 +93,8 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
         )
     if scorer == "trajectory" and rl.objective in ("elbo", "expert_iteration"):
         raise ValueError(
-            f"config.rl.scorer='trajectory' is for diffu_grpo and wd1; objective={rl.objective!r} scores with the ELBO."
+            f"config.rl.scorer='trajectory' is for diffu_grpo and wd1; objective={rl.objective!r} scores with "
+            "the ELBO or the run's own loss."
         )
     if autoregressive and rl.objective in ("diffu_grpo", "elbo"):
         raise ValueError(
@@ -185,10 +186,10 @@ def build_objective(config: ml_collections.ConfigDict, exp) -> Any:
             negative_weight=float(rl.wd1_negative_weight),
             kl_beta=beta,
         )
-    in_place_elbo = hasattr(exp.objective, "elbo_per_example") and getattr(exp.objective, "canvas_len", 0) is None
-    if rl.objective == "expert_iteration":  # the ELBO in place; else the scorer's log-probs (exact AR, mean-field)
+    in_place = hasattr(exp.objective, "train_loss_per_example") and getattr(exp.objective, "canvas_len", 0) is None
+    if rl.objective == "expert_iteration":  # in place: the run's own loss; else the scorer's (exact AR, mean-field)
         return rl_objectives.ExpertIteration(
-            scorer, objective=exp.objective if in_place_elbo else None, draws=int(rl.elbo_draws)
+            scorer, objective=exp.objective if in_place else None, draws=int(rl.elbo_draws)
         )
     if not hasattr(exp.objective, "elbo_per_example"):
         raise ValueError("config.rl.objective='elbo' needs a run trained in place with the masking ELBO objective.")

@@ -48,6 +48,7 @@ objectives) the fraction of tokens whose ratio was clipped; expert iteration: th
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -183,22 +184,17 @@ class WD1:
         return loss, metrics
 
 
-def negative_elbo(objective, params, batch: dict[str, Array], rng: jax.Array, draws: int) -> Float[Array, " b"]:
-    """Each completion's negative masking ELBO in nats per completion token (completion corrupted, prompt held),
-    averaged over `draws` noise draws."""
+def mean_over_noise_draws(per_example, batch: dict[str, Array], rng: jax.Array, draws: int) -> Float[Array, " b"]:
+    """The mean over `draws` noise draws of `per_example(rows, key)` (one value per row), the rows being the batch's
+    completions to corrupt with the prompt held (`fixed`)."""
     rows = {"tokens": batch["tokens"], "fixed": ~batch["completion"]}
-
-    def one(key):
-        nats, counted = objective.elbo_per_example(params, rows, key)
-        return nats / jnp.maximum(counted, 1)
-
-    return jnp.mean(jax.vmap(one)(jax.random.split(rng, draws)), axis=0)
+    return jnp.mean(jax.vmap(lambda key: per_example(rows, key))(jax.random.split(rng, draws)), axis=0)
 
 
 def _check_in_place(objective) -> None:
     if objective is not None and objective.canvas_len is not None:
         raise ValueError(
-            "the masking ELBO scores a completion in place (one canvas): it needs an in-place run "
+            "this objective scores a completion in place (one canvas): it needs an in-place run "
             "(config.diffusion.canvas_len=0)."
         )
 
@@ -221,7 +217,12 @@ class ElboPolicyGradient:
 
     def negative_elbo(self, params, batch: dict[str, Array], rng: jax.Array) -> Float[Array, " b"]:
         """The completion's negative ELBO in nats per completion token, averaged over `draws` noise draws."""
-        return negative_elbo(self.objective, params, batch, rng, self.draws)
+
+        def per_token(rows, key):
+            nats, counted = self.objective.elbo_per_example(params, rows, key)
+            return nats / jnp.maximum(counted, 1)
+
+        return mean_over_noise_draws(per_token, batch, rng, self.draws)
 
     def __call__(self, params, batch: dict[str, Array], rng: jax.Array) -> tuple[Float[Array, ""], Metrics]:
         completion, valid = batch["completion"], batch["valid"]
@@ -264,9 +265,8 @@ class ExpertIteration:
         completion, accepted = batch["completion"], batch["solved"]
         log_probs, entropy, aux = score(self.scorer, params, batch)
         if self.objective is not None:
-            rows = {"tokens": batch["tokens"], "fixed": ~batch["completion"]}
-            keys = jax.random.split(rng, self.draws)
-            nll = jnp.mean(jax.vmap(lambda k: self.objective.train_loss_per_example(params, rows, k))(keys), axis=0)
+            train_loss = functools.partial(self.objective.train_loss_per_example, params)
+            nll = mean_over_noise_draws(train_loss, batch, rng, self.draws)
         else:
             nll = -row_means(log_probs, completion)
         imitation = valid_mean(nll, accepted)

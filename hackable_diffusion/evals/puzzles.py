@@ -1,5 +1,5 @@
 """lm-eval generation requests answered by a Sudoku run: the context is a puzzle (81 cells as text, `.` = blank),
-the answer the 81 digits that `tasks.sudoku.solve.solve_puzzles` fills in with the run's sampler and `config.solver`
+the answer the 81 digits that `tasks.sudoku.inference.solve_puzzles` fills in with the run's sampler and `config.solver`
 settings (rules, repairs, restarts, parallel attempts), exactly as `evaluate` solves them.
 
 lm-eval has no place for a per-request cost, so the forward passes of every answered puzzle are kept here and reported

@@ -228,3 +228,104 @@ def test_a_headline_figure_changed_in_the_readme_only_is_caught(tmp_path):
         readme.write_text(table.replace("{a}", changed))
         checked, problems = headline_figures_missing(readme)
         assert checked == 2 and len(problems) == 1 and problems[0].startswith(f"{changed} "), problems
+
+
+# Prose references: file paths and dotted module names quoted in inline code must name something that exists.
+PROSE_PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w-]+\.(?:py|md|sh|json|jsonl|ipynb|yaml|toml))(?![\w/])")
+PROSE_MODULE = re.compile(
+    r"(?<![\w.])(?:hackable_diffusion\.)?(?:models|diffusion|sampling|training|tasks|rl|distill|evals|serve|checkpoints"
+    r"|data|aot)(?:\.\w+)+"
+)
+# Files of other projects that the docs name when they say where a figure or rule comes from.
+EXTERNAL_FILES = {
+    "_early_stopping.py": "DiffusionGemma's reference early-stopping rules",
+    "modeling_diffusion_gemma.py": "transformers' DiffusionGemma model",
+}
+
+
+def written_file_names(root: pathlib.Path = REPO) -> set[str]:
+    """File names that the toolbox or its experiments write (string literals in their sources), e.g. metrics.jsonl."""
+    names = set()
+    for source in [*(root / "hackable_diffusion").rglob("*.py"), *(root / "experiments").rglob("*.py")]:
+        names |= set(re.findall(r"[\"']([\w.-]+\.(?:json|jsonl|md|png|txt))[\"']", source.read_text()))
+    return names
+
+
+def module_name_problem(name: str, root: pathlib.Path = REPO) -> str | None:
+    """None when a dotted name resolves: its longest module prefix exists under hackable_diffusion/ and the rest (if
+    any) starts with a name that module defines at top level. Names like `rl.kl_beta` (one package, then no module)
+    read as config keys and are not judged."""
+    parts = name.removeprefix("hackable_diffusion.").split(".")
+    package = root / "hackable_diffusion"
+    for k in range(len(parts), 0, -1):
+        base = package.joinpath(*parts[:k])
+        source = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if source.is_file():
+            break
+    else:
+        return f"{name}: no such module" if name.startswith("hackable_diffusion.") else None
+    if k == len(parts):
+        return None
+    if k == 1 and source.name == "__init__.py" and not name.startswith("hackable_diffusion."):
+        return None  # a config key such as `rl.kl_beta`
+    attribute = parts[k]
+    defined = re.search(
+        rf"^(?:def|class|async def) {attribute}\b|^{attribute}\s*[:=]|^from \S+ import .*\b{attribute}\b"
+        rf"|^import \S+ as {attribute}\b",
+        source.read_text(),
+        flags=re.M,
+    )
+    return None if defined else f"{name}: {source.relative_to(root)} defines no {attribute}"
+
+
+def prose_reference_problems(path: pathlib.Path, root: pathlib.Path = REPO, written: set[str] | None = None) -> list[str]:
+    """File paths and dotted module names in the inline code of a markdown file that name nothing in the repository
+    (placeholders such as `WORKDIR/x.json`, `{a,b}` patterns and `*` globs are skipped; a bare file name may live
+    anywhere in the repository or be one the toolbox writes at run time)."""
+    written = written_file_names(root) if written is None else written
+    files = [p.relative_to(root).as_posix() for p in root.rglob("*") if not {".git", ".venv", "runs"} & set(p.parts)]
+    problems = []
+    for span in re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", path.read_text(), flags=re.S)):
+        if re.search(r"[{}*$<>]", span):
+            continue
+        for reference in PROSE_PATH.findall(span):
+            if any(part.isupper() for part in reference.split("/")[:-1]):
+                continue  # a placeholder folder: WORKDIR/config.json
+            name = reference.rsplit("/", 1)[-1]
+            if reference in files or any(f.endswith("/" + reference) for f in files):
+                continue
+            if name in written or name in EXTERNAL_FILES:
+                continue
+            problems.append(f"{path.name}: {reference} names no file")
+        for name in PROSE_MODULE.findall(span):
+            problem = module_name_problem(name, root)
+            if problem:
+                problems.append(f"{path.name}: {problem}")
+    return problems
+
+
+def test_prose_file_paths_and_module_names_exist():
+    written = written_file_names()
+    problems = [p for path in markdown_files() for p in prose_reference_problems(path, written=written)]
+    assert problems == [], "\n".join(problems)
+
+
+def test_a_stale_prose_reference_is_caught(tmp_path):
+    (tmp_path / "hackable_diffusion" / "tasks" / "sudoku").mkdir(parents=True)
+    (tmp_path / "hackable_diffusion" / "tasks" / "__init__.py").write_text("")
+    (tmp_path / "hackable_diffusion" / "tasks" / "sudoku" / "__init__.py").write_text("")
+    (tmp_path / "hackable_diffusion" / "tasks" / "sudoku" / "search.py").write_text("def search_puzzles():\n    pass\n")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "bench.py").write_text('OUT = "rows.jsonl"\n')
+    page = tmp_path / "page.md"
+    page.write_text(
+        "`tasks.sudoku.search.search_puzzles` and `search.py`, `tasks/sudoku/search.py`, `rows.jsonl`,"
+        " `WORKDIR/config.json`, `rl.kl_beta`, `configs/{a,b}.py`\n"
+        "stale: `tasks.sudoku.solve.solve_puzzles`, `tasks.sudoku.search.gone`, `models/hf_ckpt.py`, `pretrained.py`\n"
+    )
+    assert prose_reference_problems(page, root=tmp_path) == [
+        "page.md: tasks.sudoku.solve.solve_puzzles: hackable_diffusion/tasks/sudoku/__init__.py defines no solve",
+        "page.md: tasks.sudoku.search.gone: hackable_diffusion/tasks/sudoku/search.py defines no gone",
+        "page.md: models/hf_ckpt.py names no file",
+        "page.md: pretrained.py names no file",
+    ]

@@ -8,8 +8,11 @@ For every model and every step budget S in `--steps`, continues `--num_prompts` 
 tokens of validation sequences at seeded offsets, the same for every model) by `--new_tokens` tokens with the model's
 own sampler at S steps per canvas (early stopping off, so every canvas takes exactly S passes) and measures:
   * generative perplexity under the autoregressive run `--ar` (the continuation re-encoded with its tokenizer),
-  * unigram and bigram entropy of the continuations in bits (a collapsed few-step student can score a low perplexity
-    with repetitive text; its entropies fall),
+  * the diversity of the continuations (a collapsed few-step student can score a low perplexity with repetitive
+    text): unigram, bigram and trigram entropy in bits, distinct-2 and distinct-3 (distinct n-grams over all
+    n-grams, Li et al. 2016) and seq-rep-4 (the share of a continuation's 4-grams that repeat an earlier 4-gram of
+    the same continuation, averaged over continuations; Welleck et al. 2020), all over the scorer's tokens
+    (`tasks.text_evaluation`: `ngram_entropy_bits`, `distinct_n`, `repetition_rate`),
   * tokens/s at batch `--num_prompts` (a compiling call first, then a timed one; other jobs on the machine change it).
 `--min_count even` sets the selection floor of every diffusion model whose rule is the entropy bound (without one it
 spends a budget below the canvas length one position per step and decides the rest in its last step; the other rules
@@ -20,11 +23,15 @@ measured at that kept checkpoint (to pick a stopping step on the frontier).
 anneals from MAX at full noise to MIN at none, as T(t) = MIN + (MAX - MIN)(1 - (1 - t)^EXPONENT)), and
 `--teacher_rules dilated,...` the teacher also under other selection rules (their own defaults; `dilated+commit`: a
 uniform sampler that keeps what it accepts), at the same budgets: a student that only learned to sample colder lands
-on the teacher's curve, so a student's gain is its distance below the cooled teacher at equal unigram entropy
-(FILE_plane.png: gen. perplexity against unigram entropy, one panel per budget).
+on the teacher's curve, so a student's gain is its distance below the cooled teacher at equal entropy
+(FILE_plane.png: gen. perplexity against unigram entropy, one panel per budget). Bigram entropy separates them better
+than unigram entropy (characters keep their frequencies while pairs repeat): FILE_frontier.png draws each model's
+frontier, gen. perplexity against bigram entropy over its temperature schedules, at every budget against the
+teacher's at the largest budget, and the summary line gives each one's worst relative excess over that teacher at
+equal bigram entropy (`experiments/plot_frontier.py`: `matched_excess`; None where their entropies do not overlap).
 The AR run's own samples are one more row (its temperature, one pass per token). Writes FILE.jsonl (one row per
 model and budget), FILE.png (gen. perplexity and entropies against steps per canvas) and prints one JSON line with
-the gen. perplexity of each model at each budget.
+the gen. perplexity of each model at each budget and the worst excesses.
 """
 
 from __future__ import annotations
@@ -34,21 +41,10 @@ import dataclasses
 import json
 import pathlib
 import time
-from collections import Counter
 
 import numpy as np
 
 from hackable_diffusion import cli
-
-
-def bigram_entropy_bits(sequences: list[list[int]]) -> float:
-    """Entropy of the empirical distribution of adjacent token pairs within each sequence, in bits."""
-    pairs = Counter((a, b) for seq in sequences for a, b in zip(seq, seq[1:]))
-    total = sum(pairs.values())
-    if not total:
-        return 0.0
-    p = np.array(list(pairs.values()), float) / total
-    return float(-(p * np.log2(p)).sum())
 
 
 def prompts_from(exp, num: int, length: int, seed: int) -> list[str]:
@@ -78,7 +74,7 @@ def with_steps(exp, steps: int, floor: str = ""):
 
 def measure(exp, params, prompts, new_tokens: int, ar, ar_params, seed: int) -> dict:
     from hackable_diffusion.data.tokenizers import BOS_ID
-    from hackable_diffusion.tasks import text
+    from hackable_diffusion.tasks import text, text_evaluation
 
     text.sample_texts(exp, params, prompts, seed=seed + 1, max_new_tokens=new_tokens)  # compile
     start = time.perf_counter()
@@ -86,7 +82,7 @@ def measure(exp, params, prompts, new_tokens: int, ar, ar_params, seed: int) -> 
     seconds = time.perf_counter() - start
     conts = [ar.tokenizer.encode(t) for t in texts]
     out = text.generative_perplexity(ar, ar_params, [[BOS_ID] + ar.tokenizer.encode(p) for p in prompts], conts)
-    out["gen_bigram_entropy_bits"] = bigram_entropy_bits(conts)
+    out.update(text_evaluation.diversity(conts))
     out["tokens_per_s"] = float(np.sum(result.lengths)) / seconds
     out["forward_passes"] = int(result.forward_passes)
     if result.steps is not None:
@@ -157,6 +153,18 @@ def plot_plane(rows: list[dict], path: pathlib.Path) -> None:
     axes[0][0].set_ylabel("generative perplexity under the AR run")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+
+
+def frontiers_against_teacher(rows: list[dict]):
+    """The teacher's frontier (gen. perplexity against bigram entropy over its temperature schedules) at its largest
+    budget, and every other model's at every budget with its `plot_frontier.matched_excess` against it."""
+    from plot_frontier import frontier_from_rows, matched_excess, model_of
+
+    budgets = [r["steps_per_canvas"] for r in rows if model_of(r) == "teacher"]
+    teacher = frontier_from_rows(rows, f"teacher@{max(budgets)}")
+    specs = dict.fromkeys(f"{model_of(r)}@{r['steps_per_canvas']}" for r in rows if r["steps_per_canvas"])
+    others = [frontier_from_rows(rows, spec) for spec in specs if spec != teacher.name]
+    return teacher, [(f, matched_excess(f, teacher)) for f in others]
 
 
 def cooled_schedules(spec: str) -> list[tuple[float, float, float | None]]:
@@ -285,11 +293,26 @@ def main() -> None:
             f.write(json.dumps(row) + "\n")
     plot(rows, path.parent / (path.name + ".png"))
     plot_plane(rows, path.parent / (path.name + "_plane.png"))
+    from plot_frontier import plot_frontiers
+
+    teacher, matched = frontiers_against_teacher(rows)
+    plot_frontiers(teacher, [f for f, _ in matched], path.parent / (path.name + "_frontier.png"))
     summary = {
         r["label"] + (f"@{r['steps_per_canvas']}" if r["steps_per_canvas"] else ""): round(r["gen_ppl"], 2)
         for r in rows
     }
-    print(cli.json_line({"gen_ppl": summary, "prompts": len(prompts), "new_tokens": args.new_tokens}), flush=True)
+    excess = {f.name: m.worst_excess for f, m in matched}
+    print(
+        cli.json_line(
+            {
+                "gen_ppl": summary,
+                f"worst_excess_over_{teacher.name}_at_equal_bigram_entropy": excess,
+                "prompts": len(prompts),
+                "new_tokens": args.new_tokens,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -5,13 +5,28 @@ The likelihood is the exact NLL of an autoregressive run or the ELBO of a diffus
 levels; `repeats` passes with fresh noise give a standard error of the mean), in bits per token, per character
 (Shakespeare) or perplexity per word (PTB). Samples come from the run's own sampler; `scorer_workdir` names an
 autoregressive run that scores them (generative perplexity and the samples' unigram entropy, `tasks.text`).
+
+The diversity of a set of samples (token ids of the scorer's tokenizer, characters on Shakespeare) beyond unigram
+entropy, which barely moves when a sampler repeats character pairs at the same character frequencies:
+  * `ngram_entropy_bits`: the entropy of the empirical distribution of the n-grams within each sample, pooled over
+    the samples (no n-gram crosses from one sample into the next);
+  * `distinct_n`: distinct-n (Li et al., 2016, "A Diversity-Promoting Objective Function for Neural Conversation
+    Models"), the number of distinct n-grams over all samples divided by the number of n-grams. Li et al. divide by
+    the number of generated tokens; the two differ by n - 1 per sample;
+  * `repetition_rate`: seq-rep-n (Welleck et al., 2020, "Neural Text Generation with Unlikelihood Training"), per
+    sample 1 - |distinct n-grams| / |n-grams|, i.e. the share of its n-grams that repeat an earlier n-gram of the
+    same sample, averaged over the samples that have at least one n-gram; n = 4 as there. The papers count word or
+    subword n-grams; on characters short n-grams repeat in any text (" the"), so compare against the scorer's own
+    samples or a teacher, not against zero.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
 import numpy as np
 from absl import flags
@@ -87,6 +102,47 @@ class Likelihood:
             out["scorer_workdir"] = self.scorer_workdir
             out.update(text.generative_perplexity(scorer, scorer_params, prompt_ids, cont_ids))
         return out
+
+
+def ngrams(sample: Sequence[Hashable], n: int) -> list[tuple]:
+    """The n-grams of one sample (tokens or characters), in order: len(sample) - n + 1 of them, none if shorter."""
+    if n < 1:
+        raise ValueError(f"n-gram order n={n} must be >= 1 (1: single tokens, 2: adjacent pairs, ...).")
+    return [tuple(sample[i : i + n]) for i in range(len(sample) - n + 1)]
+
+
+def ngram_entropy_bits(samples: Sequence[Sequence[Hashable]], n: int) -> float:
+    """Entropy in bits of the empirical distribution of the n-grams within each sample, pooled over the samples;
+    0.0 when there are none."""
+    counts = Counter(g for sample in samples for g in ngrams(sample, n))
+    total = sum(counts.values())
+    return float(-sum(c / total * math.log2(c / total) for c in counts.values())) if total else 0.0
+
+
+def distinct_n(samples: Sequence[Sequence[Hashable]], n: int) -> float:
+    """Distinct-n: distinct n-grams over all samples / all n-grams of the samples (1.0: no n-gram occurs twice);
+    0.0 when there are none."""
+    grams = [g for sample in samples for g in ngrams(sample, n)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def repetition_rate(samples: Sequence[Sequence[Hashable]], n: int = 4) -> float:
+    """seq-rep-n: the share of a sample's n-grams that repeat an earlier n-gram of the same sample
+    (1 - distinct / all), averaged over the samples with at least one n-gram; 0.0 when none has one."""
+    rates = [1 - len(set(grams)) / len(grams) for grams in (ngrams(s, n) for s in samples) if grams]
+    return float(sum(rates) / len(rates)) if rates else 0.0
+
+
+def diversity(samples: Sequence[Sequence[Hashable]]) -> dict[str, float]:
+    """The diversity figures of generated samples that `experiments/steps_frontier.py` records beside the unigram
+    entropy of `text.generative_perplexity`: bigram and trigram entropy, distinct-2 and -3, seq-rep-4."""
+    return {
+        "gen_bigram_entropy_bits": ngram_entropy_bits(samples, 2),
+        "gen_trigram_entropy_bits": ngram_entropy_bits(samples, 3),
+        "gen_distinct_2": distinct_n(samples, 2),
+        "gen_distinct_3": distinct_n(samples, 3),
+        "gen_seq_rep_4": repetition_rate(samples, 4),
+    }
 
 
 ZERO_MEANS = {  # what 0 means for each count flag

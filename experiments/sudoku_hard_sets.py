@@ -3,7 +3,8 @@
 Both sets come from `hackable_diffusion.tasks.sudoku.hard_puzzles.generate_hard_dataset` (seeded, unique solutions,
 cached as .npz; puzzle i depends only on (seed, i), so the worker count does not change the sets) and are also written
 as CSV files with the columns `puzzle,solution,givens,guesses,plain_guesses,fewest_guesses` (`evaluate --data FILE`
-reads them). Guesses: `exact_solver.count_guesses` under --rule (and under each rule), to the first solution.
+reads them). Guesses: `exact_solver.count_guesses` under --rule (and under each rule), to the first solution; the
+searches run in the compiled `fast_solver`, which gives the same counts and puzzles as the pure-Python reference.
 Defaults: 20,000 training puzzles with 22-36 givens and >= 10 guesses (seed 0), 500 held-out puzzles with 17-23
 givens and >= 100 guesses (seed 1), plain rule, no hill-climb (the fastest method for these two specs; --*_climb
 helps for stricter ones, see results/sudoku/README.md); held-out puzzles that the training set holds are reported

@@ -27,6 +27,10 @@ for; the counts of both rules are stored with every puzzle.
 
 Sets are cached as `.npz` next to the generator's (`$HACKABLE_DIFFUSION_CACHE/sudoku`), keyed by a hash of the
 arguments and `HARD_VERSION`; a pool of processes makes large sets.
+
+Every search of the method (full grid, uniqueness, second solution, guess counts) runs in the compiled solver
+`fast_solver` by default (``solver="fast"``); ``solver="reference"`` runs the same steps in the pure-Python
+`exact_solver` and `generator`. Both take the same draws from the generator and return the same puzzle.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from collections.abc import Callable
 import numpy as np
 from jaxtyping import Bool, Int
 
+from hackable_diffusion.tasks.sudoku import fast_solver
 from hackable_diffusion.tasks.sudoku.exact_solver import (
     _BIT,
     GUESS_RULES,
@@ -62,7 +67,8 @@ from hackable_diffusion.tasks.sudoku.grids import MIN_UNIQUE_GIVENS, NUM_CELLS
 
 HARD_VERSION = 1  # bump when the method changes, so that old caches are not reused
 SALT = 0x5D0C  # third word of every puzzle's seed: streams apart from `generator.generate_dataset`'s
-REPORT_CAP = 100_000  # the stored guess counts stop here (a plain count of 10^5 takes ~1 s)
+REPORT_CAP = 100_000  # the stored guess counts stop here (a plain count of 10^5 takes ~1 s, ~30 ms compiled)
+SOLVERS: tuple[str, ...] = ("fast", "reference")  # `fast_solver` (compiled) or `exact_solver` (pure Python)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,27 +160,84 @@ def _move(cells: list[int], solution: list[int], rng: np.random.Generator, targe
     return _minimize(trial, solution, rng.permutation(NUM_CELLS).tolist(), target)
 
 
-def generate_hard_puzzle(rng: np.random.Generator, spec: HardSpec) -> HardPuzzle:
-    """One puzzle of ``spec`` from ``rng`` (module docstring); `GenerationError` after ``spec.max_grids`` grids."""
+def _move_fast(cells: np.ndarray, solution: np.ndarray, rng: np.random.Generator, target: int) -> np.ndarray | None:
+    """`_move` on int8 grids with `fast_solver`'s kernels: the same draws from ``rng`` and the same result."""
+    given = np.flatnonzero(cells)
+    a = int(given[int(rng.integers(len(given)))])
+    trial = cells.copy()
+    trial[a] = 0
+    differ = fast_solver._swap_cells(trial, solution, a)
+    if len(differ):
+        b = int(differ[int(rng.integers(len(differ)))])
+        trial[b] = solution[b]
+        if not fast_solver._unique(trial):
+            return None
+    fast_solver._minimize_in_place(trial, solution, rng.permutation(NUM_CELLS), target)
+    return trial
+
+
+def _carve_fast(solution: np.ndarray, order: np.ndarray, target: int) -> np.ndarray:
+    """`generator._carve` (unique) of the int8 grid ``solution`` with `fast_solver`: the same puzzle."""
+    cells = solution.copy()
+    fast_solver._minimize_in_place(cells, solution, order, target)
+    return cells
+
+
+@dataclasses.dataclass(frozen=True)
+class _Steps:
+    """The searches of `generate_hard_puzzle`: ``full_grid(rng)``, ``carve(solution, order, target)``,
+    ``givens(cells)``, ``guesses(cells, rule, cap)`` and ``move(cells, solution, rng, target)``."""
+
+    full_grid: Callable
+    carve: Callable
+    givens: Callable
+    guesses: Callable
+    move: Callable
+
+
+_STEPS = {
+    "reference": _Steps(
+        full_grid=lambda rng: _decode(_random_full_placed(rng)).tolist(),
+        carve=lambda solution, order, target: _carve(solution, order.tolist(), target, True),
+        givens=lambda cells: NUM_CELLS - cells.count(0),
+        guesses=lambda cells, rule, cap: _count_cells(cells, rule, 1, cap).guesses,
+        move=_move,
+    ),
+    "fast": _Steps(
+        full_grid=fast_solver.random_full_grid,
+        carve=_carve_fast,
+        givens=np.count_nonzero,
+        guesses=lambda cells, rule, cap: int(fast_solver._guesses_of(cells, rule, cap)),
+        move=_move_fast,
+    ),
+}  # fmt: skip
+
+
+def generate_hard_puzzle(rng: np.random.Generator, spec: HardSpec, solver: str = "fast") -> HardPuzzle:
+    """One puzzle of ``spec`` from ``rng`` (module docstring); `GenerationError` after ``spec.max_grids`` grids.
+    ``solver``: ``"fast"`` (compiled, `fast_solver`) or ``"reference"`` (pure Python); the puzzle is the same."""
+    if solver not in SOLVERS:
+        raise ValueError(f"error: solver must be one of {SOLVERS}, got {solver!r}.")
+    steps = _STEPS[solver]
     lo, hi = spec.givens
     need = int(spec.min_guesses)
 
-    def score(cells: list[int]) -> tuple[int, int]:  # (givens above the range, guesses capped at `need`)
-        excess = max(0, NUM_CELLS - cells.count(0) - hi)
-        guesses = _count_cells(cells, spec.rule, 1, need).guesses if need else 0
+    def score(cells) -> tuple[int, int]:  # (givens above the range, guesses capped at `need`)
+        excess = max(0, int(steps.givens(cells)) - hi)
+        guesses = steps.guesses(cells, spec.rule, need) if need else 0
         return excess, guesses
 
     moves = 0
     for grid in range(1, spec.max_grids + 1):
-        solution = _decode(_random_full_placed(rng)).tolist()
+        solution = steps.full_grid(rng)
         target = int(rng.integers(lo, hi + 1))
-        cells = _carve(solution, rng.permutation(NUM_CELLS).tolist(), target, True)
+        cells = steps.carve(solution, rng.permutation(NUM_CELLS), target)
         excess, guesses = score(cells)
         for _ in range(spec.climb_steps):
             if not excess and guesses >= need:
                 break
             moves += 1
-            trial = _move(cells, solution, rng, target)
+            trial = steps.move(cells, solution, rng, target)
             if trial is None:
                 continue
             t_excess, t_guesses = score(trial)
@@ -193,15 +256,15 @@ def _generate_range(args) -> dict[str, np.ndarray]:
     start, stop, seed, spec = args
     found = [generate_hard_puzzle(np.random.default_rng([seed, i, SALT]), spec) for i in range(start, stop)]
     puzzles = np.stack([f.puzzle for f in found])
-    counts = [_count_cells(p.tolist(), spec.rule, 1, REPORT_CAP) for p in puzzles]
+    counts = fast_solver.count_guesses(puzzles, spec.rule, 1, REPORT_CAP)
     return dict(
         puzzles=puzzles,
         solutions=np.stack([f.solution for f in found]),
-        guesses=np.array([c.guesses for c in counts], np.int64),
-        guesses_complete=np.array([c.complete for c in counts], bool),
-        backtracks=np.array([c.backtracks for c in counts], np.int64),
-        plain_guesses=np.array([_count_cells(p.tolist(), "plain", 1, REPORT_CAP).guesses for p in puzzles], np.int64),
-        fewest_guesses=np.array([_count_cells(p.tolist(), "fewest", 1, REPORT_CAP).guesses for p in puzzles], np.int64),
+        guesses=counts.guesses.astype(np.int64),
+        guesses_complete=counts.complete.astype(bool),
+        backtracks=counts.backtracks.astype(np.int64),
+        plain_guesses=fast_solver.count_guesses(puzzles, "plain", 1, REPORT_CAP).guesses.astype(np.int64),
+        fewest_guesses=fast_solver.count_guesses(puzzles, "fewest", 1, REPORT_CAP).guesses.astype(np.int64),
         grids=np.array([f.grids for f in found], np.int32),
         moves=np.array([f.moves for f in found], np.int32),
     )

@@ -6,6 +6,7 @@ Usage: python experiments/aot_26b.py [--dispatch ragged|sorted|dense] [--num_lay
        [--layout constrained|toolbox] [--batch_axes data,fsdp,expert] [--programs train_adamw,...] [--markdown]
        [--num_devices 16 --mesh data=1,fsdp=4,expert=4,tensor=1]
        [--memory_at_batch 1,4,8,16 --vocab_chunks 0,16384]   (the decode programs at each batch instead)
+       [--weight_memory bf16,fp8,nvfp4]   (only the weights' bytes in each format, analytic: nothing compiled)
 Results and the GPU counts: docs/scaling.md.
 """
 
@@ -105,6 +106,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--num_steps", type=int, default=48, help="Denoising steps of the canvas loop (--memory_at_batch).")
     p.add_argument("--markdown", action="store_true", help="Also print the summary as a markdown table.")
+    p.add_argument(
+        "--weight_memory",
+        default="",
+        help="Comma-separated weight formats (bf16, fp8, nvfp4: 4.5 bits per weight with its block scales): print the "
+        "weights' bytes in each, total and per device when fully sharded over the mesh, and compile nothing.",
+    )
     return p.parse_args(argv)
 
 
@@ -144,6 +151,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             "count (unset xla_force_host_platform_device_count there or pass the matching --num_devices)."
         )
     settings = settings_from_args(args)
+    if args.weight_memory:
+        from hackable_diffusion.aot import costs
+        from hackable_diffusion.models.config import TransformerConfig
+
+        cfg = TransformerConfig.from_dict(settings.model)
+        for weights in (w for w in args.weight_memory.split(",") if w):
+            total = costs.weight_memory(cfg, weights)
+            line = {"weights": weights, "bits_per_matmul_weight": costs.WEIGHT_BITS[weights], "gb": total / 1e9}
+            print(json.dumps(dict(line, gb_per_device_fully_sharded=total / 1e9 / args.num_devices)), flush=True)
+        return
     t0 = time.perf_counter()
     if args.memory_at_batch:
         batches = [int(x) for x in args.memory_at_batch.split(",") if x]

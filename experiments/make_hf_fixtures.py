@@ -1,6 +1,6 @@
 """Builds the Hugging Face parity fixtures under tests/fixtures/ from the real `transformers` implementation.
 
-  pip install transformers==5.23.0 torch safetensors        # not a dependency of the package or of CI
+  pip install -e '.[interop]'        # transformers==5.23.0 + torch: not a dependency of the package or of CI
   python experiments/make_hf_fixtures.py [--out tests/fixtures]
   python experiments/make_hf_fixtures.py --verify_export DIR  # load a directory the toolbox exported, compare logits
 

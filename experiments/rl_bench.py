@@ -9,7 +9,8 @@ which time the same), then for each objective: one rollout (K prompts x G comple
 log-probs of every inner update included) after a warm-up one, and the jitted update step (loss, gradients, the
 optimizer) on that batch, the median of `--repeats` calls after a compiling one. Prints one JSON line: per objective
 `rollout_s`, `rollout_tokens_per_s` (completion tokens the sampler generated per second), `update_s`,
-`update_steps_per_s`, and `steps_per_rollout_s` (what one rollout plus its mu updates cost), with the batch and the
+`update_steps_per_s`, `steps_per_rollout_s` (what one rollout plus its mu updates cost) and
+`compilations_per_rollout_after_first` (programs the timed rollout compiled: 0 expected), with the batch and the
 machine.
 """
 
@@ -30,6 +31,7 @@ import numpy as np
 from hackable_diffusion import builders, cli
 from hackable_diffusion.rl import command
 from hackable_diffusion.training import optimizers
+from hackable_diffusion.training.compilations import count_compilations
 from hackable_diffusion.training.train_state import TrainState, make_train_step
 
 
@@ -40,9 +42,10 @@ def time_objective(config, objective_name: str, repeats: int) -> dict:
         run = command.setup(config, workdir)
         params = run.init_fn(jax.random.key(0))
         run.stream.make_rollout(params, 0)  # warm-up rollout (compiles the sampler and the scorer)
-        start = time.perf_counter()
-        batch = run.stream.make_rollout(params, 1)
-        rollout_s = time.perf_counter() - start
+        with count_compilations() as compiled:  # every rollout after the first reuses its programs: 0 expected
+            start = time.perf_counter()
+            batch = run.stream.make_rollout(params, 1)
+            rollout_s = time.perf_counter() - start
         tokens = int(batch["completion"].sum())
         mu = run.stream.settings.inner_updates
         update = {k: v for k, v in batch.items() if not k.startswith("inner_")}
@@ -68,6 +71,7 @@ def time_objective(config, objective_name: str, repeats: int) -> dict:
         "update_s": round(update_s, 4),
         "update_steps_per_s": round(1.0 / update_s, 3),
         "steps_per_rollout_s": round(rollout_s + mu * update_s, 4),
+        "compilations_per_rollout_after_first": compiled.count,
     }
 
 

@@ -9,7 +9,8 @@ on one httpx connection pool, each sending its requests one after the other, str
 quarter of the clients (rounded down; none at concurrency 1) close their first request's stream after its first
 chunk. Checked per level: every request that was not hung up ended with `data: [DONE]` and a finish reason; the
 server's count of cancelled requests is reported beside the hang-ups (a request whose last canvas was already
-running when its client left is answered, not cancelled). One JSON line per level, then a summary line.
+running when its client left is answered, not cancelled), and the programs compiled during the level
+(`compilations`: 0 once the warm-up has compiled every batch shape). One JSON line per level, then a summary line.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def main(argv=None):
     from hackable_diffusion.checkpoints import hf_runs
     from hackable_diffusion.serve.app import build_app
     from hackable_diffusion.serve.command import ServerThread, load_engine, warm_up
+    from hackable_diffusion.training.compilations import count_compilations
 
     cli.quiet_library_logs()
     levels = [int(x) for x in args.concurrency.split(",") if x]
@@ -148,18 +150,22 @@ def main(argv=None):
     engine, template = load_engine(
         args.workdir, config, max_batch=args.max_batch, max_queue=max(levels) * 2 + 8, prompt_bucket=32
     )
-    # every batch size a level can form, compiled before the clock starts
+    # every batch size a level can form, compiled before the clock starts, without and with per-step streaming (the
+    # clients stream: a batch with a streaming client runs the denoising loop with a host callback, another program)
     warm = warm_up(engine, prompt=PROMPTS[0], max_tokens=args.max_tokens, batch_sizes=(1, 2, 4, 8, 16))
     lines = []
     with ServerThread(build_app(engine, chat_template=template, request_timeout_s=args.time_limit_s)) as server:
         for concurrency in levels:
-            row = asyncio.run(run_level(server.url, engine, concurrency, args))
+            with count_compilations() as compiled:  # after the warm-up every batch shape is compiled: 0 expected
+                row = asyncio.run(run_level(server.url, engine, concurrency, args))
             row.update(workdir=args.workdir, max_tokens=args.max_tokens, max_batch=engine.max_batch)
+            row.update(compilations=compiled.count, compiled=compiled.by_name())
             print(json.dumps(row), flush=True)
             lines.append(row)
     summary = {
         "summary": "serve_bench",
         "warm_up_s": round(warm, 1),
+        "compilations_after_warm_up": sum(r["compilations"] for r in lines),
         "all_answered": all(r["lost"] == 0 and not r["errors"] for r in lines),
         "tokens_per_s_by_concurrency": {r["concurrency"]: r["tokens_per_s"] for r in lines},
         "ttft_p50_s_by_concurrency": {r["concurrency"]: r["ttft_p50_s"] for r in lines},

@@ -7,7 +7,8 @@ of the config file named by `--config`, `sample` and `evaluate` of the run's sav
 traceback from deep inside flag parsing; here an unknown key stops the command with one line naming the closest
 existing keys. `run_command` gives every entry point the same behaviour: `--help` works without other flags and exits
 0; a bad input prints `error: <what is wrong and how to fix it>` on one line and exits 2 (set HD_TRACEBACK=1 to see
-the traceback).
+the traceback). Every command keeps JAX's persistent compilation cache (`use_compilation_cache`; HD_COMPILATION_CACHE
+moves it or, =0, turns it off; docs/compilation.md).
 """
 
 from __future__ import annotations
@@ -191,6 +192,72 @@ def json_line(value: Any) -> str:
     return json.dumps(clean(value), allow_nan=False, default=str)
 
 
+def check_apart(source: str | os.PathLike, target: str | os.PathLike, source_flag: str, target_flag: str) -> None:
+    """Raises ValueError when the directory a command writes (`target`) is the run or checkpoint it reads (`source`),
+    or one of them lies inside the other (the layout `convert` refuses too): the written files would land in, or
+    replace, what is read."""
+    src, dst = pathlib.Path(source).resolve(), pathlib.Path(target).resolve()
+    if src == dst or src in dst.parents or dst in src.parents:
+        raise ValueError(
+            f"{target_flag} {target} overlaps {source_flag} {source} (the same directory, or one inside the other): "
+            f"write to a separate directory, e.g. {pathlib.Path(source).resolve().parent / (src.name + '_out')}."
+        )
+
+
+COMPILATION_CACHE_ENV = "HD_COMPILATION_CACHE"  # a directory for JAX's persistent compilation cache; 0 = off
+_CACHE_OFF = ("0", "off", "false", "no")
+
+
+def compilation_cache_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where the commands keep JAX's persistent compilation cache: $HD_COMPILATION_CACHE (0 = no cache), else JAX's
+    own $JAX_COMPILATION_CACHE_DIR when set, else $XDG_CACHE_HOME/hackable_diffusion/jax (~/.cache when
+    XDG_CACHE_HOME is unset or empty). None = off."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(COMPILATION_CACHE_ENV, "").strip()
+    if chosen.lower() in _CACHE_OFF:
+        return None
+    if chosen:
+        return str(pathlib.Path(chosen).expanduser())
+    if environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return environ["JAX_COMPILATION_CACHE_DIR"]
+    home = environ.get("XDG_CACHE_HOME") or str(pathlib.Path(environ.get("HOME") or pathlib.Path.home()) / ".cache")
+    return str(pathlib.Path(home) / "hackable_diffusion" / "jax")
+
+
+def use_compilation_cache(environ: Mapping[str, str] | None = None) -> str | None:
+    """Turns JAX's persistent compilation cache on for this process (`compilation_cache_dir`), every program cached
+    however small or quick to compile (unless JAX_PERSISTENT_CACHE_MIN_* say otherwise), so that a second run of a
+    command reads its programs back instead of compiling them; or off for HD_COMPILATION_CACHE=0. Call it before
+    anything compiles (every command does, first thing). Returns the directory, or None when off. A default directory
+    that cannot be created turns the cache off with a warning; an HD_COMPILATION_CACHE that is not a usable
+    directory raises ValueError."""
+    import jax
+
+    environ = os.environ if environ is None else environ
+    directory = compilation_cache_dir(environ)
+    if directory is not None:
+        try:
+            pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            if environ.get(COMPILATION_CACHE_ENV, "").strip():
+                raise ValueError(
+                    f"{COMPILATION_CACHE_ENV}={environ[COMPILATION_CACHE_ENV]}: cannot use it as the compilation cache "
+                    f"directory ({err.strerror or err}); give a writable directory, or 0 for no cache."
+                ) from None
+            print(f"warning: no compilation cache ({directory}: {err.strerror or err}).", file=sys.stderr)
+            directory = None
+    if directory is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    if "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES" not in environ:
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    return directory
+
+
 def fail(message: str) -> NoReturn:
     """The one error style of every command: one line on stderr (a message's line breaks become spaces), exit 2."""
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
@@ -258,6 +325,7 @@ def run_command(define_flags: Callable[[Sequence[str]], None], main: Callable[[S
 
     def guarded_main(args):
         try:
+            use_compilation_cache()
             main(args)
         except app.UsageError as err:
             fail(str(err))

@@ -10,8 +10,11 @@ DiffusionGemma or Gemma-4, `checkpoints/hf.py`), `gemma` (an orbax tree in the g
 kept them, an SFT run's merged `fused_params`). The targets are `hf` and `gemma`; a Hugging Face directory is used
 directly by `sample`, `evaluate --workdir hf:DIR` and `sft --init_from hf:DIR`, so it needs no toolbox run.
 A toolbox model with a self-conditioner is written as a DiffusionGemma checkpoint, one without as a text-only Gemma-4
-(`--model_type` overrides). A gemma source needs the model shape: `--config` names a model config file
-(configs/models/*.py), and `--config.<key>=value` overrides its keys. Prints one JSON line.
+(`--model_type` overrides); a run's export carries its tokenizer (a char run's as `tokenizer.json`, an spm run's
+`tokenizer.model`), its vocabulary and training context, and its decoder-window convention: a run trained with the
+per-token window is refused as DiffusionGemma (transformers decodes with `cache_tail`) unless
+`--allow_decoder_window_mismatch` (docs/checkpoints.md). A gemma source needs the model shape: `--config` names a
+model config file (configs/models/*.py), and `--config.<key>=value` overrides its keys. Prints one JSON line.
 
 The target is written whole: a non-empty `--to` directory is refused unless `--overwrite`, which replaces it (nothing
 of the old checkpoint stays); the new directory is written beside it and swapped in at the end, so a failure part-way
@@ -43,6 +46,12 @@ def define_flags(argv: list[str]):
     flags.DEFINE_string("dtype", "", "Cast the parameters (e.g. bfloat16); empty keeps the stored dtypes.")
     flags.DEFINE_bool("ignore_unexpected", False, "hf/gemma sources: skip tensors the model has no place for.")
     flags.DEFINE_bool("overwrite", False, "Replace a non-empty --to directory whole (refused without it).")
+    flags.DEFINE_bool(
+        "allow_decoder_window_mismatch",
+        False,
+        "A run trained with model.decoder_window=per_token exported as DiffusionGemma anyway: the toolbox's load_hf "
+        "reproduces it (config.json records the convention), transformers' canvas logits differ past the window.",
+    )
     return argv
 
 
@@ -114,6 +123,9 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
         params = quantize.for_compute(params, cfg.param_dtype)
         cfg = cfg.replace(weight_dtype=None)
     params = jax.device_get(params)
+    # The built model's vocabulary is the tokenizer's (experiment.build), which config.model.vocab_size (a preset's
+    # default) need not be: config.json must describe the embedding the run trained.
+    cfg = cfg.replace(vocab_size=int(params["embedder"]["input_embedding"].shape[0]))
     if dtype:
         import numpy as np
 
@@ -121,7 +133,18 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
 
         params = jax.tree.map(lambda x: np.asarray(x).astype(resolve_dtype(dtype)), params)
     canvas = int(config.diffusion.get("canvas_len") or config.sampler.get("canvas_len") or 256)
-    extras = {"canvas_length": canvas, "sampler": config.sampler.to_dict(), **run_tokenizer_file(path)}
+    extras = {
+        "canvas_length": canvas,
+        "sampler": config.sampler.to_dict(),
+        "context": int(config.data.get("seq_len") or 0) or None,  # the run's training context
+        "run": True,
+        **run_tokenizer_file(path),
+    }
+    tokenizer_dir = path / "tokenizer"
+    if (tokenizer_dir / "tokenizer.json").is_file():
+        from hackable_diffusion.data import tokenizers as tok_lib
+
+        extras["tokenizer"] = tok_lib.load_tokenizer(tokenizer_dir)  # written into the export beside the weights
     init = config.get("init") or {}
     if init.get("kind") == "hf" and init.get("checkpoint") and pathlib.Path(init.checkpoint).is_dir():
         extras["source"] = pathlib.Path(init.checkpoint)  # its vision tensors, generation and tokenizer files
@@ -144,6 +167,30 @@ def run_tokenizer_file(run: pathlib.Path) -> dict:
     return {"tokenizer_file": run / "tokenizer" / saved["model_file"]}
 
 
+def check_decoder_window(cfg, source: pathlib.Path, model_type: str, allow_mismatch: bool) -> str | None:
+    """Refuses a toolbox run whose canvases transformers would decode otherwise than it was trained.
+
+    transformers' DiffusionGemma decoder lets a canvas's local layers see the last `sliding_window - 1` cached tokens
+    and the whole canvas (`decoder_window="cache_tail"`); a run trained with the gemma library's per-token window
+    (`"per_token"`, the default) computes other canvas logits as soon as prompt + canvas exceeds the window. A run
+    trained with `--config.model.decoder_window=cache_tail`, a model without local layers, or a Gemma-4 target (no
+    decoder in transformers) passes. allow_mismatch: export anyway and return the warning to print."""
+    if model_type != "diffusion_gemma" or cfg.decoder_window == "cache_tail" or "local" not in cfg.layer_pattern:
+        return None
+    what = (
+        f"{source} was trained with model.decoder_window=per_token (the gemma library's window), but transformers' "
+        "DiffusionGemma decodes canvases with decoder_window=cache_tail: its canvas logits differ from the run's once "
+        f"prompt + canvas exceeds sliding_window={cfg.sliding_window}"
+    )
+    if not allow_mismatch:
+        raise ValueError(
+            f"{what}. Train with --config.model.decoder_window=cache_tail to export a model transformers decodes as "
+            "trained, or pass --allow_decoder_window_mismatch (config.json then records per_token, which the "
+            "toolbox's load_hf and hf:DIR follow)."
+        )
+    return f"warning: {what}; config.json records decoder_window=per_token, which the toolbox follows."
+
+
 def convert(
     source: str,
     target: str,
@@ -155,8 +202,12 @@ def convert(
     dtype: str = "",
     ignore_unexpected: bool = False,
     overwrite: bool = False,
+    allow_decoder_window_mismatch: bool = False,
 ) -> dict:
-    """Converts `source` to `target`; a non-empty target is refused unless `overwrite`, then replaced whole."""
+    """Converts `source` to `target`; a non-empty target is refused unless `overwrite`, then replaced whole.
+
+    A toolbox run exported as Hugging Face carries its tokenizer (`tokenizers.save_hf_tokenizer`), its training context
+    as `max_position_embeddings` and its window convention (`check_decoder_window`)."""
     from hackable_diffusion.checkpoints import gemma as gemma_ckpt
     from hackable_diffusion.checkpoints import hf as hf_ckpt
 
@@ -171,6 +222,9 @@ def convert(
             gemma_ckpt.save_gemma_checkpoint(params, cfg, staging)
     else:
         kind = model_type or (hf_ckpt.DIFFUSION_GEMMA if cfg.self_conditioning else hf_ckpt.GEMMA4_TEXT)
+        warning = None
+        if extras.get("run"):
+            warning = check_decoder_window(cfg, src, kind, allow_decoder_window_mismatch)
         hf_ckpt.save_hf(
             dst,
             cfg,
@@ -180,6 +234,7 @@ def convert(
             sampler=extras.get("sampler"),
             source=extras.get("source"),
             overwrite=True,  # checked above, before the source was read
+            max_position_embeddings=extras.get("context"),
         )
         tokenizer = extras.get("tokenizer_file")
         if tokenizer is not None and not any((dst / n).exists() for n in hf_ckpt.TOKENIZER_FILES):
@@ -187,6 +242,14 @@ def convert(
 
             name = "tokenizer.json" if pathlib.Path(tokenizer).suffix == ".json" else "tokenizer.model"
             shutil.copyfile(tokenizer, dst / name)  # the run's own tokenizer, so that hf:DIR samples as the run did
+        elif extras.get("tokenizer") is not None and not any((dst / n).exists() for n in hf_ckpt.TOKENIZER_FILES):
+            from hackable_diffusion.data import tokenizers as tok_lib
+
+            tok_lib.save_hf_tokenizer(extras["tokenizer"], dst)  # a char run's tokenizer.json, an spm run's .model
+        if warning:
+            import sys
+
+            print(warning, file=sys.stderr, flush=True)
     return {"from": str(src), "from_format": fmt, "to": str(dst), "to_format": to_format, "layers": cfg.num_layers}
 
 
@@ -206,6 +269,7 @@ def main(argv):
         dtype=FLAGS.dtype,
         ignore_unexpected=FLAGS.ignore_unexpected,
         overwrite=FLAGS.overwrite,
+        allow_decoder_window_mismatch=FLAGS.allow_decoder_window_mismatch,
     )
     print(cli.json_line(result))
 

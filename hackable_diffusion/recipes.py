@@ -88,7 +88,7 @@ def init_section(kind: str = "scratch", checkpoint: str = "") -> ml_collections.
             inherit_diffusion=True,  # sft: take the noise process and loss recipe of the source run
             tokenizer_dir="",  # gemma/scratch: a saved tokenizer; "" = char tokenizer fitted on the corpus
             ignore_unexpected=False,  # gemma/hf: skip checkpoint tensors the model has no place for (e.g. other towers)
-            decoder_window="per_token",  # hf: "cache_tail" reproduces transformers' decoder (TransformerConfig)
+            decoder_window="",  # hf: "" = the convention config.json records, else "per_token"; "cache_tail" = transformers'
             dtype="",  # hf: parameter dtype ("" = the checkpoint's, e.g. bfloat16)
         )
     )
@@ -489,21 +489,35 @@ def rl_sections(
             objective=objective,  # "diffu_grpo" | "wd1" | "elbo" | "ar_grpo" | "expert_iteration"
             prompts_per_rollout=8,  # K prompts per rollout
             group_size=8,  # G completions per prompt (expert_iteration: 1 is enough)
-            inner_updates=2,  # mu optimizer steps per rollout batch
-            prompt_mask_prob=0.15,  # diffu-GRPO / wd1: each prompt token masked with this probability (0 for AR runs)
-            advantage_scale="std",  # "std": (r - mean) / std per group; "none": r - mean
-            clip_eps=0.2,  # ratio objectives' clip
-            kl_beta=0.0,  # weight of the k3 KL to the starting weights
-            wd1_psi=1.0,  # wd1: softmax temperature on the advantages
-            wd1_negative_weight=1.0,  # wd1: weight of the negative samples' term
+            inner_updates=2,  # mu optimizer steps per rollout batch (d1, wd1: 12; 2 here: each rollout costs a sampler
+            # run, and on CPU more updates per rollout mostly train further off-policy for the same wall time)
+            prompt_mask_prob=0.15,  # diffu-GRPO / wd1: each prompt token masked with this probability (0 for AR runs;
+            # d1, wd1: 0.15)
+            advantage_scale="none",  # "none": r - mean per group (d1, wd1); "std": (r - mean) / std (GRPO's paper)
+            loss_normalization="paper",  # "paper": each objective's paper (docs/rl.md); "row_mean": per-row token
+            # means, then their mean over every row, tied groups included (GRPO's paper; diffu_grpo, ar_grpo, wd1)
+            clip_eps=0.5,  # ratio objectives' clip (d1, wd1's diffu-GRPO baseline: 0.5; TRL's and GRPO's paper: 0.2)
+            kl_beta=0.0,  # weight of the k3 KL to the starting weights (d1: 0.04; wd1's trainer: none, 0); > 0 costs a
+            # reference pass per inner update and, full fine-tuning, a second copy of the weights
+            wd1_psi=1.0,  # wd1: softmax temperature on the advantages (wd1's code: 1)
+            wd1_negative_weight=1.0,  # wd1: weight lambda of the negative samples' term (wd1's code: 1)
+            wd1_zero_tied_groups=False,  # wd1: True gives a tied group's rows weight 0; False: (1 - lambda) / G each,
+            # as wd1's code (the two agree at lambda = 1)
             elbo_draws=4,  # ELBO policy gradient and expert iteration (in place): noise draws per completion
             shaped_reward=False,  # the task's partial credit (Sudoku: rewards.py) on top of exact = 1
-            temperature=1.0,  # rollouts draw tokens at this temperature
+            temperature=1.0,  # rollouts draw tokens at this temperature (d1, wd1: 0.9; 1 here: the scorers score the
+            # temperature-1 policy, so at 1 the rollouts are the scored policy's own samples)
             dynamic_sampling=0,  # DAPO's dynamic sampling: up to this many extra draws of K x G per rollout until K
             # groups have rewards that differ (tied groups carry no signal); 0: off, one draw, every group kept
             scorer="mean_field",  # diffu_grpo / wd1 log-probs: "mean_field" (d1's one pass) or "trajectory" (TraceRL:
             # each token scored at the sampler pass that wrote it; Sudoku in place)
             trajectory_passes_per_forward=1,  # trajectory: sampler passes scored per forward (TraceRL's shrinkage)
+            skip_uninformative_steps=False,  # True: a step whose batch has no informative group (expert iteration: no
+            # accepted completion) leaves the weights, optimizer state and EMA untouched (the step counter still
+            # advances); False: the optimizer steps anyway
+            stop_at_eos=config.get("data", {}).get("task") == "countdown",  # in place: score a completion up to its
+            # first EOS, the tail kept masked (d1); False scores the PAD tail too. AR rows always end at the EOS;
+            # Sudoku has none (True refused)
         )
     )
     return constant_lr_schedule(c, peak_lr, steps, warmup=10, log_every=5, eval_every=50, checkpoint_every=25)

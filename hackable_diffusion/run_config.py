@@ -4,6 +4,8 @@ Every command after `train` (sample, evaluate, sft, quantize, convert, the lm-ev
 `workdir/config.json`, so sampling and evaluation use exactly the model shape, process and tokenizer that training
 used. Rerunning a workdir with other overrides replaces config.json and appends the changed keys to
 `config_changes.jsonl`; a config saved by an older version of the toolbox is brought to the current keys on load.
+A config of another run (another task, other text data for the saved tokenizer, another model shape) is refused
+before anything is written (`check_same_run`): rerunning a workdir continues its run, it never turns it into another.
 """
 
 from __future__ import annotations
@@ -69,6 +71,67 @@ def save_config(config: ml_collections.ConfigDict, path: pathlib.Path) -> dict[s
                 f.write(json.dumps(record, sort_keys=True) + "\n")
     path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
     return changes
+
+
+class RunMismatchError(ValueError):
+    """The config describes another run than the one the workdir holds (bad input, reported on one line)."""
+
+
+def _data_keys(config: ml_collections.ConfigDict) -> dict:
+    """The data settings a run's saved tokenizer and data were made with (text: the corpus and the tokenizer)."""
+    d = config.get("data", {})
+    keys = {"task": d.get("task", "text")}
+    if keys["task"] == "text":
+        keys.update(corpus=d.get("corpus"), tokenizer=d.get("tokenizer"), vocab_size=d.get("vocab_size", 0) or 0)
+    return keys
+
+
+def _param_shapes(config: ml_collections.ConfigDict) -> dict[str, tuple[int, ...]]:
+    """Parameter path -> shape of the model `config` describes, with one stand-in vocabulary for every run (the
+    vocabulary of a run comes from its tokenizer); nothing is initialised."""
+    import jax
+
+    from hackable_diffusion import builders
+    from hackable_diffusion.models import transformer as T
+
+    model = builders.build_model(config, 256)
+    shapes = jax.eval_shape(lambda key: T.init_params(model, key), jax.random.key(0))
+    return {jax.tree_util.keystr(path): tuple(x.shape) for path, x in jax.tree_util.tree_leaves_with_path(shapes)}
+
+
+def check_same_run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> None:
+    """Raises RunMismatchError when `workdir` holds a run (a config.json) that `config` would not continue: another
+    task, other text data than its saved tokenizer was made with, or another model shape (parameter shapes, whatever
+    the vocabulary). Reads only, so that a refused command leaves the workdir byte for byte as it was; a workdir
+    without config.json passes."""
+    path = pathlib.Path(workdir) / "config.json"
+    if not path.is_file():
+        return
+    saved = load_saved_config(str(workdir))
+    before, after = _data_keys(saved), _data_keys(config)
+    if before["task"] != after["task"]:
+        raise RunMismatchError(
+            f"{workdir} holds a {before['task']} run; this config trains {after['task']}: use another --workdir "
+            "(or that run's own config to continue it)."
+        )
+    differing = [k for k in before if before[k] != after.get(k)]
+    if differing:
+        shown = ", ".join(f"data.{k}: {before[k]!r} there, {after.get(k)!r} here" for k in differing)
+        raise RunMismatchError(
+            f"{workdir} holds a run trained on other data ({shown}); its tokenizer and checkpoints are that data's: "
+            "use another --workdir (or that run's own data settings to continue it)."
+        )
+    if "model" not in saved or _param_shapes(saved) == _param_shapes(config):
+        return
+    changes = config_changes(saved.model.to_dict(), config.model.to_dict())
+    changes.pop("vocab_size", None)
+    listed = list(changes.items())
+    shown = ", ".join(f"model.{k}: {old!r} there, {new!r} here" for k, (old, new) in listed[:4])
+    shown += ", ..." if len(listed) > 4 else ""
+    raise RunMismatchError(
+        f"{workdir} holds a run of another model shape ({shown or 'other parameter shapes'}); its checkpoints do not "
+        "fit this config: use another --workdir (or that run's own config to continue it)."
+    )
 
 
 def load_saved_config(workdir: str) -> ml_collections.ConfigDict:

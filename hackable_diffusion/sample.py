@@ -5,7 +5,9 @@
 
 `--config.<path>=value` overrides any key of the run's saved config (workdir/config.json), in practice its sampler
 section: the selection rule and its arguments, temperature, early stopping, step budget, canvas length,
-max_new_tokens. `--show_canvas` redraws the canvas in the terminal after every denoising step.
+max_new_tokens. `--show_canvas` redraws the canvas in the terminal after every denoising step. A prompt plus the new
+tokens longer than `--max_context` (by default twice the trained sequence length, as `serve`) is refused before
+anything is generated.
 """
 
 from __future__ import annotations
@@ -34,6 +36,27 @@ def define_flags(argv: list[str]):
     flags.DEFINE_bool("show_canvas", False, "Redraw the canvas in the terminal at every denoising step.")
     flags.DEFINE_float("show_delay_s", 0.15, "Pause between redrawn steps with --show_canvas.")
     flags.DEFINE_integer("max_new_tokens", 0, "Override the sampler's max_new_tokens (0 = keep).")
+    flags.DEFINE_integer(
+        "max_context", 0, "Most prompt + new tokens (0 = twice the trained sequence length, as serve's --max_context)."
+    )
+
+
+def check_context(exp, prompts: list[str], max_new_tokens: int, max_context: int = 0) -> None:
+    """Raises ValueError when the longest prompt plus `max_new_tokens` is over the context (`max_context`, or 0:
+    twice the run's trained sequence length, 4096 when the run does not say, as `serve.engine.Engine`), before
+    anything is allocated."""
+    from hackable_diffusion.data.tokenizers import BOS_ID
+
+    trained = int(exp.config.data.get("seq_len") or 0)
+    context = int(max_context or (2 * trained if trained else 4096))
+    longest = max(len([BOS_ID] + exp.tokenizer.encode(p)) for p in prompts)
+    if longest + max_new_tokens > context:
+        basis = "--max_context" if max_context else (f"twice the run's {trained}-token sequences" if trained else "")
+        raise ValueError(
+            f"the prompt ({longest} tokens) plus max_new_tokens ({max_new_tokens}) is {longest + max_new_tokens} "
+            f"tokens, over the context of {context}{f' ({basis})' if basis else ''}; lower --max_new_tokens, shorten "
+            "the prompt, or raise --max_context."
+        )
 
 
 def show_trajectory(exp, result, prompt: str, delay_s: float) -> None:
@@ -64,6 +87,8 @@ def main(argv):
         raise app.UsageError("--workdir is required (a directory written by python -m hackable_diffusion.train).")
     if FLAGS.max_new_tokens < 0:
         raise app.UsageError(f"--max_new_tokens={FLAGS.max_new_tokens} must be >= 0 (0 = the sampler's own).")
+    if FLAGS.max_context < 0:
+        raise app.UsageError(f"--max_context={FLAGS.max_context} must be >= 0 (0 = twice the trained length).")
     cli.quiet_library_logs()
     workdir = hf_runs.resolve_workdir(FLAGS.workdir)  # hf:DIR -> the run directory that stands for the checkpoint
     if not _HAS_RUN["saved"]:
@@ -72,9 +97,10 @@ def main(argv):
     exp = exp_lib.build(config, workdir, inference=True)
     if exp.task.name != "text":
         raise ValueError(f"{workdir} is a {exp.task.name!r} run; sample prints text (see evaluate).")
-    params, step = toolbox.load_params(exp, workdir)
     prompts = FLAGS.prompt or [config.sampler.prompt]
     max_new = FLAGS.max_new_tokens or config.sampler.max_new_tokens
+    check_context(exp, prompts, int(max_new), FLAGS.max_context)  # before the weights are read
+    params, step = toolbox.load_params(exp, workdir)
     show = FLAGS.show_canvas and not exp.is_autoregressive
     start = time.perf_counter()
     texts, result = text.sample_texts(

@@ -70,12 +70,17 @@ def resolve_config(config: ml_collections.ConfigDict, base: base_weights.Base) -
 
 def run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: bool = False) -> SFTResult:
     """Fine-tunes as described by `config` in `workdir` (rerunning resumes) and writes the outputs listed above; the
-    workdir is locked against a second writer meanwhile."""
-    with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
-        return _run_sft(config, workdir, sample_at_end=sample_at_end)
+    workdir is locked against a second writer meanwhile, and a start that fails before training begins removes what
+    it wrote (`WorkdirLock`'s undo_failed_start)."""
+    lock = WorkdirLock(workdir, undo_failed_start=True) if jax.process_index() == 0 else None
+    with lock if lock is not None else contextlib.nullcontext():
+        started = lock.started if lock is not None else lambda: None
+        return _run_sft(config, workdir, sample_at_end=sample_at_end, started=started)
 
 
-def _run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: bool) -> SFTResult:
+def _run_sft(
+    config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: bool, started=lambda: None
+) -> SFTResult:
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.tasks import text_sft
     from hackable_diffusion.training import loop, sharding
@@ -108,6 +113,7 @@ def _run_sft(config: ml_collections.ConfigDict, workdir: str, *, sample_at_end: 
             f"{config.diffusion.canvas_len} canvas tokens).",
             flush=True,
         )
+    started()  # from here a failure keeps what the run wrote
     state = loop.train(
         workdir=workdir,
         init_fn=init_fn,

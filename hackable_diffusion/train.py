@@ -48,8 +48,10 @@ def define_flags(argv: list[str]):
 
 def run(config, workdir: str, *, sample_at_end: bool = True):
     """Trains the experiment described by `config` in `workdir`; returns (experiment, final state). The config is
-    checked before anything is written, and the workdir is locked against a second writer while training. With
-    `config.init` naming weights, a fresh run starts from them (the module docstring)."""
+    checked before anything is written (a workdir holding another run, of another task or model shape, is refused
+    there too), and the workdir is locked against a second writer while training; a start that fails before training
+    begins removes what it wrote. With `config.init` naming weights, a fresh run starts from them (the module
+    docstring)."""
     import contextlib
 
     import jax
@@ -60,11 +62,13 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
     exp_lib.check_config(config)  # before anything is written: a bad value leaves the workdir as it was
     if not base_weights.has_checkpoints(workdir):  # a resumed run does not read config.init
         base_weights.check_init(config)
-    with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
-        return _run(config, workdir, sample_at_end=sample_at_end)
+    run_config.check_same_run(config, workdir)  # a workdir of another run is refused as it is
+    lock = WorkdirLock(workdir, undo_failed_start=True) if jax.process_index() == 0 else None
+    with lock if lock is not None else contextlib.nullcontext():
+        return _run(config, workdir, sample_at_end=sample_at_end, started=lock.started if lock else lambda: None)
 
 
-def _run(config, workdir: str, *, sample_at_end: bool):
+def _run(config, workdir: str, *, sample_at_end: bool, started=lambda: None):
     import jax
 
     from hackable_diffusion import builders
@@ -118,6 +122,7 @@ def _run(config, workdir: str, *, sample_at_end: bool):
         flops_per_token=flops,
         peak_flops=config.train.get("peak_flops", 0) or metrics.calibrated_peak_flops(exp.model.cfg.compute_dtype),
     )
+    started()  # from here a failure keeps what the run wrote (its checkpoints, metrics)
     state = loop.train(
         workdir=workdir,
         init_fn=init_fn,

@@ -24,11 +24,14 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache per test run, shared by the xdist workers and every subprocess they start (the
 # entry-point, notebook and multi-process tests compile the same tiny programs the in-process tests compile). The
-# controller makes it fresh, so a run never reuses a previous run's programs, and removes it at the end.
+# controller makes it fresh, so a run never reuses a previous run's programs, and removes it at the end. The commands
+# (`cli.use_compilation_cache`) use JAX_COMPILATION_CACHE_DIR when HD_COMPILATION_CACHE is unset, so a command a test
+# starts writes here too, never into the user's ~/.cache.
 _OWN_CACHE = "PYTEST_XDIST_WORKER" not in os.environ and "HD_TEST_COMPILATION_CACHE" not in os.environ
 if _OWN_CACHE:
     os.environ["HD_TEST_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="hd-test-jax-cache-")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["HD_TEST_COMPILATION_CACHE"])
+os.environ.pop("HD_COMPILATION_CACHE", None)  # a user's own setting would send the commands' programs elsewhere
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 

@@ -120,6 +120,12 @@ HARDWARE: dict[str, Hardware] = {
 WEIGHT_FORMATS: dict[str, int] = {"bf16": 2, "fp8": 1}
 """Weight format -> bytes per weight."""
 
+WEIGHT_BITS: dict[str, float] = {"bf16": 16.0, "fp8": 8.0, "nvfp4": 4.5}
+"""Stored bits per matmul weight, for the weights' memory (`weight_memory`): NVFP4 is a 4-bit E2M1 code plus an 8-bit
+e4m3 scale per block of 16 (4 + 8 / 16); its float32 scale per tensor and FP8's per-channel scales are left out (well
+under 0.1% of the bytes). NVFP4 is not a `WEIGHT_FORMATS` entry: the roofline has no FP4 peak (the toolbox's NVFP4 is
+weight-only, dequantized to the compute dtype)."""
+
 KV_BYTES = 2  # bf16 KV cache in both weight formats
 LOGITS_BYTES = 4  # the model returns float32 logits
 
@@ -164,6 +170,17 @@ def param_sizes(cfg: TransformerConfig, params: Any | None = None) -> ParamSizes
         else:
             sizes["layer_matmul" if matmul else "layer_other"] += size
     return ParamSizes(**{f.name: int(sizes[f.name]) for f in dataclasses.fields(ParamSizes)})
+
+
+def weight_memory(cfg: TransformerConfig, weights: str, sizes: ParamSizes | None = None) -> float:
+    """Bytes of the model's weights stored as `weights` (a `WEIGHT_BITS` key): every matmul weight (attention, dense
+    FFN, router, experts, the tied embedding, the self-conditioner) at its bits, the rest (norm, router and expert
+    scales) in bf16."""
+    if weights not in WEIGHT_BITS:
+        raise ValueError(f"weights {weights!r} is not one of {sorted(WEIGHT_BITS)}.")
+    sizes = param_sizes(cfg) if sizes is None else sizes
+    matmul = sizes.layer_matmul + sizes.experts + sizes.embed + sizes.sc_matmul
+    return matmul * WEIGHT_BITS[weights] / 8 + (sizes.layer_other + sizes.sc_other) * 2
 
 
 MODES = ("canvas", "append")

@@ -209,7 +209,7 @@ def _load_hf_base(config: ml_collections.ConfigDict) -> Base:
     checkpoint = hf_ckpt.load_hf(
         init.checkpoint,
         dtype=init.get("dtype") or None,
-        decoder_window=init.get("decoder_window", "per_token"),
+        decoder_window=init.get("decoder_window") or None,  # None: the convention config.json records
         ignore_unexpected=bool(init.get("ignore_unexpected", False)),
     )
     try:

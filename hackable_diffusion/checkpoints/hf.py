@@ -23,9 +23,12 @@ Deliberate choices
 - A loaded model runs the experts dropless (the reference's ragged dispatch; on a CPU the sorted dispatch with room for
   every assignment, capacity E / k), because capacity dropping changes a pretrained model's outputs.
 - `decoder_window="cache_tail"` reproduces transformers' decoder exactly when a sliding window is smaller than prompt
-  + canvas; the default stays the gemma library's per-token window (docs/reference.md §6).
+  + canvas; the default is the convention config.json records (`decoder_window`, written by `save_hf`), else the gemma
+  library's per-token window (docs/reference.md §6, docs/checkpoints.md).
 - Bit-exact: loading and saving copy the stored values (reshapes and transposes only); dtypes are kept unless `dtype`
   is given. HF -> toolbox -> HF reproduces every text tensor bit for bit, and the vision tower when `source` is given.
+- Quantized checkpoints (config.json `quantization_config`: ModelOpt NVFP4, FP8 compressed-tensors) are read through
+  `quantized_formats.dequantizing_view`: each quantized weight arrives dequantized to float32, exactly.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from hackable_diffusion.checkpoints.hf_config import (  # noqa: F401  (the confi
     generation_config,
     generation_config_from_sampler,
 )
+from hackable_diffusion.checkpoints import quantized_formats
 from hackable_diffusion.checkpoints.hf_mapping import RULES, HFRule, _Leaf, mapping_table, plan  # noqa: F401
 from hackable_diffusion.checkpoints.trees import flatten_tree, natural_key, unflatten_tree
 from hackable_diffusion.data import safe_files
@@ -167,9 +171,12 @@ def tensor_shapes(files: Mapping[str, pathlib.Path]) -> dict[str, tuple[int, ...
 
 
 def read_tensor(files: Mapping[str, pathlib.Path], name: str) -> np.ndarray:
-    """One tensor, read and the file closed again (no memory map stays open)."""
+    """One tensor, read and the file closed again (no memory map stays open); through a quantized checkpoint's
+    view (`quantized_formats.dequantizing_view`), a quantized weight dequantized to float32."""
     from safetensors import SafetensorError
 
+    if isinstance(files, quantized_formats.DequantizingView):
+        return files.read_tensor(name)
     with _open_weights(files[name]) as f:
         try:
             return f.get_tensor(name)
@@ -268,7 +275,7 @@ def load_hf(
     logical_axes_fn: Callable | None = None,
     dtype: str | None = None,
     dispatch: str | None = None,
-    decoder_window: str = "per_token",
+    decoder_window: str | None = None,
     ignore_unexpected: bool = False,
     rules: Sequence[HFRule] = RULES,
 ) -> HFCheckpoint:
@@ -276,9 +283,11 @@ def load_hf(
 
     Without a mesh the parameters are numpy arrays on the host. With a mesh every leaf is a `jax.Array` sharded by
     `logical_axes_fn` (default: `models.partitioning.logical_axes`), each device's slice read straight from the files.
+    decoder_window: None reads the convention config.json records, else "per_token" (`hf_config.config_from_hf`).
     """
     cfg, info = read_model_config(path, dtype=dtype, dispatch=dispatch, decoder_window=decoder_window)
-    source = _check_names(cfg, info, weight_files(path), rules, ignore_unexpected)
+    files = quantized_formats.dequantizing_view(path, read_config(path), weight_files(path), read_tensor)
+    source = _check_names(cfg, info, files, rules, ignore_unexpected)
     target = None if dtype is None else resolve_dtype(dtype)
     leaves = plan(cfg, rules)
     flat: dict[str, Any] = {}
@@ -331,6 +340,11 @@ def hf_tensors(cfg: TransformerConfig, params: Any, *, model_type: str = DIFFUSI
     flat = flatten_tree(params)
     for leaf in plan(cfg, rules):
         array = flat[leaf.path]
+        if tuple(array.shape) != leaf.shape:  # config.json would describe another model than the tensors hold
+            raise ValueError(
+                f"parameter {leaf.path} has shape {tuple(array.shape)}, but the model config gives {leaf.shape}: "
+                "export with the config the parameters were built with (e.g. the vocabulary of the run's tokenizer)."
+            )
         slices = [(None, array)] if leaf.block is None else [(n, array[g]) for g, n in enumerate(leaf.layers(cfg))]
         for layer, value in slices:
             tensors = leaf.rule.to_hf(np.asarray(value))
@@ -352,6 +366,7 @@ def save_hf(
     max_shard_bytes: int = MAX_SHARD_BYTES,
     rules: Sequence[HFRule] = RULES,
     overwrite: bool = True,
+    max_position_embeddings: int | None = None,
 ) -> pathlib.Path:
     """Writes `(cfg, params)` as a Hugging Face directory that `from_pretrained` (and vLLM) load: config.json,
     safetensors shards of at most `max_shard_bytes` (with model.safetensors.index.json when there are several) and,
@@ -360,6 +375,8 @@ def save_hf(
 
     source: the Hugging Face directory the parameters came from; its vision/audio tensors, vision config, generation
     config and tokenizer files are carried over, so that HF -> toolbox -> HF is bit-exact.
+
+    max_position_embeddings: the context written to config.json (None: the source's, else the release's 131,072).
 
     The directory is written beside the target and swapped in at the end (`replacing_directory`): an existing
     `directory` is replaced whole, and a failure part-way leaves it as it was. overwrite=False refuses a non-empty
@@ -376,6 +393,7 @@ def save_hf(
             source=source,
             max_shard_bytes=max_shard_bytes,
             rules=rules,
+            max_position_embeddings=max_position_embeddings,
         )
     return directory
 
@@ -391,6 +409,7 @@ def _write_hf(
     source: str | os.PathLike | None,
     max_shard_bytes: int,
     rules: Sequence[HFRule],
+    max_position_embeddings: int | None = None,
 ) -> None:
     """save_hf's writing, into a new directory."""
     from safetensors.numpy import save_file
@@ -402,12 +421,23 @@ def _write_hf(
         model_type=model_type,
         canvas_length=canvas_length,
         vision_config=source_config.get("vision_config"),
+        max_position_embeddings=int(
+            max_position_embeddings
+            or (source_config.get("text_config") or source_config).get("max_position_embeddings")
+            or 131_072
+        ),
     )
     tensors = hf_tensors(cfg, params, model_type=model_type, rules=rules)
     if source is not None:
         files = weight_files(source)
         extra = [n for n in files if any(part in n for part in SKIPPED_PARTS)]
         tensors = _chain(tensors, ((name, read_tensor(files, name)) for name in sorted(extra, key=natural_key)))
+    if model_type == DIFFUSION_GEMMA and source_config.get("vision_config") is None:  # the stand-in tower's weights
+        from hackable_diffusion.checkpoints.hf_config import minimal_vision_shapes
+
+        stand_in = resolve_dtype(hf["dtype"])
+        shapes = minimal_vision_shapes(cfg.embed_dim)
+        tensors = _chain(tensors, ((name, np.zeros(shape, stand_in)) for name, shape in shapes.items()))
 
     shards, current, size = [], {}, 0
     for name, tensor in tensors:

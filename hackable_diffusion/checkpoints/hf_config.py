@@ -52,13 +52,18 @@ def _layer_pattern(layer_types: Sequence[str]) -> tuple[str, ...]:
 
 
 def config_from_hf(
-    hf: Mapping[str, Any], *, dtype: str | None = None, dispatch: str | None = None, decoder_window: str = "per_token"
+    hf: Mapping[str, Any],
+    *,
+    dtype: str | None = None,
+    dispatch: str | None = None,
+    decoder_window: str | None = None,
 ) -> tuple[TransformerConfig, HFModelInfo]:
     """A `config.json` (dict) of a DiffusionGemma or Gemma-4 checkpoint -> (TransformerConfig, HFModelInfo).
 
     dtype: parameter and compute dtype (None: the checkpoint's). dispatch: the MoE dispatch (None: dropless, "ragged"
     on an accelerator, "sorted" with capacity E / k on a CPU). decoder_window: "per_token" (gemma library) or
-    "cache_tail" (transformers), see TransformerConfig.decoder_window."""
+    "cache_tail" (transformers), see TransformerConfig.decoder_window; None: the `decoder_window` config.json records
+    (a checkpoint the toolbox exported), else "per_token"."""
     model_type = hf.get("model_type")
     if model_type not in MODEL_TYPES:
         raise ValueError(f"config.json model_type={model_type!r} is not one of {MODEL_TYPES}.")
@@ -130,6 +135,8 @@ def config_from_hf(
         ):
             _refuse(f"text_config.rope_parameters.{name}", params, "RoPE scaling is not implemented")
 
+    if decoder_window is None:  # the convention a toolbox export records; transformers' own files record none
+        decoder_window = str(hf.get("decoder_window") or text.get("decoder_window") or "per_token")
     k_eq_v = True if model_type == DIFFUSION_GEMMA else bool(text.get("attention_k_eq_v", False))
     num_experts, top_k = int(text["num_experts"]), int(text["top_k_experts"])
     if dispatch is None:
@@ -202,6 +209,12 @@ def _refuse_export(cfg: TransformerConfig, model_type: str) -> None:
             model_type == DIFFUSION_GEMMA and not cfg.k_eq_v_global,
             "DiffusionGemma's global layers share one K=V projection",
         ),
+        "final_logit_softcap": (
+            model_type == DIFFUSION_GEMMA and cfg.final_logit_softcap is None,
+            "transformers' DiffusionGemma always soft-caps its logits (a null final_logit_softcapping loads, then its "
+            "forward fails); train with model.final_logit_softcap set (30.0 is the release's), or export as "
+            f"{GEMMA4_TEXT}",
+        ),
     }
     for field, (bad, why) in problems.items():
         if bad:
@@ -215,9 +228,14 @@ def config_to_hf(
     canvas_length: int = 256,
     dtype: str | None = None,
     vision_config: Mapping[str, Any] | None = None,
+    max_position_embeddings: int = 131_072,
 ) -> dict[str, Any]:
     """The `config.json` dict of `cfg` as a DiffusionGemma or text-only Gemma-4 checkpoint (inverse of
-    `config_from_hf` for every field the toolbox holds)."""
+    `config_from_hf` for every field the toolbox holds).
+
+    max_position_embeddings: the context the model was trained for (a toolbox run's `data.seq_len`; the released
+    model's 131,072 by default). `cfg.decoder_window` is recorded as `decoder_window` (a key transformers keeps and
+    ignores), so that `config_from_hf` gives the toolbox the window convention the model was trained with."""
     if model_type not in (DIFFUSION_GEMMA, GEMMA4_TEXT):
         raise ValueError(f"model_type={model_type!r} must be {DIFFUSION_GEMMA!r} or {GEMMA4_TEXT!r}.")
     _refuse_export(cfg, model_type)
@@ -253,8 +271,9 @@ def config_to_hf(
         "pad_token_id": 0,
         "eos_token_id": 1,
         "bos_token_id": 2,
-        "max_position_embeddings": 131_072,
+        "max_position_embeddings": int(max_position_embeddings),
         "use_bidirectional_attention": None,
+        "decoder_window": cfg.decoder_window,
     }
     dtype = dtype or cfg.param_dtype
     if model_type == GEMMA4_TEXT:
@@ -275,6 +294,7 @@ def config_to_hf(
         "canvas_length": canvas_length,
         "tie_word_embeddings": True,
         "dtype": dtype,
+        "decoder_window": cfg.decoder_window,
         "text_config": dict(text, model_type="diffusion_gemma_text"),
         # The vision tower is not used for text; without one from a source checkpoint a one-layer stand-in is declared.
         "vision_config": dict(vision_config or MINIMAL_VISION_CONFIG),
@@ -292,6 +312,34 @@ MINIMAL_VISION_CONFIG = {
     "position_embedding_size": 64,
     "patch_size": 4,
 }
+
+
+def minimal_vision_shapes(embed_dim: int) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of the one-layer stand-in vision tower `MINIMAL_VISION_CONFIG` declares, as transformers
+    5.23's DiffusionGemma builds it (names under `model.encoder.`). An export without a source vision tower writes
+    them (zeros: text never reads them), so that `from_pretrained` reports no missing keys."""
+    v = MINIMAL_VISION_CONFIG
+    h, i, head = v["hidden_size"], v["intermediate_size"], v["head_dim"]
+    q, kv = v["num_attention_heads"] * head, v["num_key_value_heads"] * head
+    layer = "vision_tower.encoder.layers.0."
+    shapes = {
+        "vision_tower.patch_embedder.position_embedding_table": (2, v["position_embedding_size"], h),
+        "vision_tower.patch_embedder.input_proj.weight": (h, 3 * v["patch_size"] ** 2),
+        layer + "self_attn.q_proj.linear.weight": (q, h),
+        layer + "self_attn.k_proj.linear.weight": (kv, h),
+        layer + "self_attn.v_proj.linear.weight": (kv, h),
+        layer + "self_attn.o_proj.linear.weight": (h, q),
+        layer + "self_attn.q_norm.weight": (head,),
+        layer + "self_attn.k_norm.weight": (head,),
+        layer + "mlp.gate_proj.linear.weight": (i, h),
+        layer + "mlp.up_proj.linear.weight": (i, h),
+        layer + "mlp.down_proj.linear.weight": (h, i),
+        "embed_vision.embedding_projection.weight": (embed_dim, h),
+    }
+    norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+    for norm in norms:
+        shapes[layer + norm + ".weight"] = (h,)
+    return {"model.encoder." + name: shape for name, shape in shapes.items()}
 
 
 def generation_config_from_sampler(sampler: Mapping[str, Any]) -> dict[str, Any]:

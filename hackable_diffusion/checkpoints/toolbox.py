@@ -46,10 +46,10 @@ def load_params(exp: Experiment, workdir: str, *, weights: str = "ema", step: in
 
     check_weights(weights)
     config = exp.config
-    if exp.model.cfg.weight_dtype == "float8_e4m3fn":  # a run written by `python -m hackable_diffusion.quantize`
+    if exp.model.cfg.weight_dtype is not None:  # a run written by `python -m hackable_diffusion.quantize`
         from hackable_diffusion.checkpoints import quantized_runs
 
-        return quantized_runs.load_quantized_run(workdir)
+        return quantized_runs.load_quantized_run(workdir, exp.model.cfg.weight_dtype)
     trained_here = (pathlib.Path(workdir) / "checkpoints").is_dir()
     if config.get("init", {}).get("kind") == "hf" and not trained_here:  # `hf:DIR` as a run: its weights
         from hackable_diffusion.checkpoints import hf as hf_ckpt

@@ -415,3 +415,50 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
             f"{directory}: loaded vocab_size {tokenizer.vocab_size} != {config['vocab_size']} in {CONFIG_FILE}."
         )
     return tokenizer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Export: a run's tokenizer as the file a Hugging Face directory carries
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def char_tokenizer_json(tokenizer: CharTokenizer) -> str:
+    """The `tokenizers` library's `tokenizer.json` of a character tokenizer: a word-level model whose words are single
+    characters (every character its own pre-token), the specials by Gemma's names at 0..3, decoding that joins the
+    tokens with nothing between them. Encoding a text gives `tokenizer.encode`'s ids; a character outside the
+    vocabulary is an error, as here. Needs `tokenizers` (`pip install -e '.[hf]'`)."""
+    try:
+        from tokenizers import Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:
+        raise ImportError(
+            "exporting a character tokenizer as tokenizer.json needs the `tokenizers` library: pip install -e '.[hf]'."
+        ) from None
+    vocab = {_SPM_PIECES[i]: i for i in SPECIAL_IDS}
+    vocab.update({c: NUM_SPECIAL_TOKENS + i for i, c in enumerate(tokenizer.chars)})
+    if len(vocab) != tokenizer.vocab_size:  # a character spelled like a special piece would share its entry
+        raise ValueError(f"the character vocabulary overlaps the special pieces {sorted(_SPM_PIECES.values())}.")
+    out = HFTokenizer(models.WordLevel(vocab, unk_token=None))
+    out.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one pre-token per character
+    out.decoder = decoders.Fuse()
+    return out.to_str()
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, directory: str | os.PathLike) -> pathlib.Path:
+    """Writes `tokenizer` as the file a Hugging Face checkpoint directory carries and `PretrainedTokenizer` reads back
+    with the same ids: a character tokenizer as `tokenizer.json` (`char_tokenizer_json`), a SentencePiece model as
+    `tokenizer.model` (its bytes), a pretrained checkpoint's tokenizer as its own file. Returns the file written."""
+    directory = pathlib.Path(directory)
+    if isinstance(tokenizer, CharTokenizer):
+        path = directory / HF_JSON_FILE
+        path.write_text(char_tokenizer_json(tokenizer))
+    elif isinstance(tokenizer, SentencePieceTokenizer):
+        path = directory / HF_SPM_FILE
+        path.write_bytes(tokenizer.model_proto)
+    elif isinstance(tokenizer, PretrainedTokenizer):
+        path = directory / (HF_JSON_FILE if tokenizer.model_file.suffix == ".json" else HF_SPM_FILE)
+        path.write_bytes(tokenizer.model_file.read_bytes())
+    else:
+        name = type(tokenizer).__name__
+        raise ValueError(f"no Hugging Face file for a {name}; export a char, spm or pretrained tokenizer.")
+    return path

@@ -178,12 +178,16 @@ def teacher_sampler(exp, config: ml_collections.ConfigDict, method, num_steps: i
 def run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Sequence[str] = ()):
     """Distils as `config` describes in `workdir` (rerunning resumes); returns the final TrainState. `overrides`
     (`--config.a.b=value` arguments) are applied again after the teacher's sections are inherited, so that a command
-    line can change the inherited sampler or solver. The workdir is locked against a second writer meanwhile."""
-    with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
-        return _run_distill(config, workdir, overrides)
+    line can change the inherited sampler or solver. The workdir is locked against a second writer meanwhile, and a
+    start that fails before training begins removes what it wrote (`WorkdirLock`'s undo_failed_start)."""
+    lock = WorkdirLock(workdir, undo_failed_start=True) if jax.process_index() == 0 else None
+    with lock if lock is not None else contextlib.nullcontext():
+        return _run_distill(config, workdir, overrides, started=lock.started if lock is not None else lambda: None)
 
 
-def _run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Sequence[str] = ()):
+def _run_distill(
+    config: ml_collections.ConfigDict, workdir: str, overrides: Sequence[str] = (), started=lambda: None
+):
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.training import loop, sharding
 
@@ -250,6 +254,7 @@ def _run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Seq
             f"{d.student_steps}; {made}, {d.batch_size} per step.",
             flush=True,
         )
+    started()  # from here a failure keeps what the run wrote
     return loop.train(
         workdir=workdir,
         init_fn=init_fn,

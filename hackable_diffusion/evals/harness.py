@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if getattr(namespace, "command", None) == "run":
             check_run(namespace)
+            cli.use_compilation_cache()
         parser.execute(namespace)
     except cli.USER_ERRORS as err:
         if show_traceback:

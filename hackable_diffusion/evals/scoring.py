@@ -16,6 +16,9 @@ Rolling log-likelihoods (perplexity tasks) cut BOS + the document into windows o
 each conditioned on the window's last `context_len` tokens before it (lm-eval's `get_rolling_token_windows` layout),
 and sum them; for a diffusion run the sum is a bound, reported as such.
 
+Shapes: every batch has `batch_size` rows (the last one padded), contexts and continuations whole canvases, prompts a
+multiple of PROMPT_BUCKET tokens, so a stream of requests compiles each program once per bucket (docs/compilation.md).
+
 Deliberate difference from the harness's Hugging Face model: a request longer than the training sequence length keeps
 the continuation and the *end* of the context (as the harness does), but a continuation that alone exceeds it raises
 ValueError instead of being cut.
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment
 
 GREEDY_TEMPERATURE = 1e-4  # the diffusion sampler's temperature for greedy decoding (argmax in practice)
+PROMPT_BUCKET = 16  # prompt widths are rounded up to a multiple of this: a few compiled decodes serve every request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +103,31 @@ class Scorer:
     def canvas_len(self) -> int:
         d = self.exp.config.diffusion
         return int(d.canvas_len or self.sequence_length)
+
+    @functools.cached_property
+    def _greedy_sampler(self):
+        """The run's sampler at the greedy temperature, built once (a static argument of the compiled decode)."""
+        return builders.build_sampler(self.exp.config, self.exp.process).replace(
+            temperature=AnnealedTemperature(GREEDY_TEMPERATURE, GREEDY_TEMPERATURE)
+        )
+
+    @functools.cached_property
+    def _generation_canvas(self) -> int:
+        return 1 if self.is_autoregressive else builders.build_sampler(self.exp.config, self.exp.process).canvas_length
+
+    def _prompt_batch(self, prompts: Sequence[Sequence[int]]) -> tuple[Int[Array, "b w"], Array]:
+        """Right-padded prompts as `batch_size` rows of a width rounded up to PROMPT_BUCKET (spare rows hold a lone
+        BOS and are discarded): every batch of a request stream, the last partial one included, has one of a few
+        shapes, so the compiled decode is reused instead of rebuilt for each batch."""
+        if not 0 < len(prompts) <= self.batch_size:
+            raise ValueError(f"a prompt batch holds 1 to {self.batch_size} prompts, got {len(prompts)}.")
+        width = _bucket(max(len(p) for p in prompts), PROMPT_BUCKET)
+        tokens = np.full((self.batch_size, width), PAD_ID, np.int32)
+        mask = np.zeros((self.batch_size, width), bool)
+        tokens[:, 0], mask[:, 0] = BOS_ID, True
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)], mask[i, : len(prompt)] = prompt, True
+        return jnp.asarray(tokens), jnp.asarray(mask)
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -177,13 +206,16 @@ class Scorer:
     def loglikelihood_rolling(
         self, documents: Sequence[Sequence[int]], *, progress: Callable[[int], None] | None = None
     ) -> list[Score]:
-        """Each document's total log-likelihood (an ELBO bound for a diffusion run) over rolling windows."""
+        """Each document's total log-likelihood (an ELBO bound for a diffusion run) over rolling windows; the greedy
+        flag of a diffusion run is not computed here (False)."""
         windows, owner = [], []
         for i, doc in enumerate(documents):
             for context, continuation in self.rolling_windows(doc):
                 windows.append((context[1:] if context[:1] == [BOS_ID] else context, continuation))
                 owner.append(i)
-        scores = self.loglikelihood(windows, progress=progress)
+        # A rolling log-likelihood has no greedy flag (lm-eval reads the number alone): no decode per window.
+        scorer = dataclasses.replace(self, greedy_check=False) if self.greedy_check else self
+        scores = scorer.loglikelihood(windows, progress=progress)
         return _combine(scores, owner, len(documents))
 
     def _score_ar(self, rows: list[tuple[list[int], list[int]]]) -> list[Score]:
@@ -226,13 +258,13 @@ class Scorer:
 
     def _greedy_diffusion(self, rows: list[tuple[list[int], list[int]]]) -> list[bool]:
         longest = max(len(x) for _, x in rows)
-        sampler = builders.build_sampler(self.exp.config, self.exp.process).replace(
-            temperature=AnnealedTemperature(GREEDY_TEMPERATURE, GREEDY_TEMPERATURE)
-        )
+        sampler = self._greedy_sampler
+        prompts, prompt_mask = self._prompt_batch([ctx for ctx, _ in rows])
         result = gen_lib.generate(
             self.exp.model,
             self.params,
-            [ctx for ctx, _ in rows],
+            prompts,
+            prompt_mask=prompt_mask,
             sampler=sampler,
             key=self.seed,
             max_new_tokens=_bucket(longest, sampler.canvas_length),
@@ -255,20 +287,15 @@ class Scorer:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
         out: list[list[int]] = []
+        # A few lengths (whole canvases, or multiples of PROMPT_BUCKET tokens for an AR run): a few compiled decoders;
+        # the tokens past max_new_tokens are cut.
+        new = _bucket(max_new_tokens, PROMPT_BUCKET if self.is_autoregressive else self._generation_canvas)
         for start in range(0, len(contexts), self.batch_size):
             chunk = contexts[start : start + self.batch_size]
             keep = max(self.sequence_length - max_new_tokens - 1, 0)  # context tokens that fit before the new ones
             rows = [[BOS_ID] + ([t for t in ctx if t != BOS_ID][-keep:] if keep else []) for ctx in chunk]
-            width = _bucket(max(len(r) for r in rows), 16)  # few prompt widths: few compiled samplers
-            prompts = np.full((len(rows), width), PAD_ID, np.int32)
-            prompt_mask = np.zeros((len(rows), width), bool)
-            for i, row in enumerate(rows):
-                prompts[i, : len(row)], prompt_mask[i, : len(row)] = row, True
-            prompts, prompt_mask = jnp.asarray(prompts), jnp.asarray(prompt_mask)
+            prompts, prompt_mask = self._prompt_batch(rows)
             key = jax.random.fold_in(jax.random.key(self.seed), start)
-            new = max_new_tokens
-            if not self.is_autoregressive:  # whole canvases, a few lengths
-                new = _bucket(max_new_tokens, builders.build_sampler(self.exp.config, self.exp.process).canvas_length)
             result = text_task.generate_tokens(
                 self.exp, self.params, prompts, prompt_mask=prompt_mask, key=key, max_new_tokens=new
             )

@@ -184,7 +184,10 @@ class Attention(nn.Module):
             if prefix_mask is None or cache_positions is None:
                 raise ValueError("Reading a KV cache needs prefix_mask and cache_positions.")
             if not is_global and cache_tail:
-                first = jnp.min(positions, axis=1)[:, None, None]  # the block's first position in each row
+                # each query's block starts at the first position it sees in the block (training decodes every
+                # canvas of a sequence in one call, each query seeing its own canvas; sampling decodes one block)
+                unseen = jnp.iinfo(positions.dtype).max
+                first = jnp.min(jnp.where(self_mask, positions[:, None, :], unseen), axis=-1)[:, :, None]
                 prefix_mask = prefix_mask & (cache_positions[:, None, :] >= first - (cfg.sliding_window - 1))
             elif not is_global:
                 prefix_mask = prefix_mask & sliding_window_mask(positions, cache_positions, cfg.sliding_window)

@@ -106,8 +106,8 @@ class TransformerConfig:
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     # How a run's weights are stored: None = in param_dtype; "float8_e4m3fn" = weight-only FP8 with per-output-channel
-    # scales (models/quantize.py, written once by `python -m hackable_diffusion.quantize`), dequantized to param_dtype
-    # inside every jitted model call.
+    # scales, "nvfp4" = weight-only NVFP4 (models/quantize.py, written once by `python -m hackable_diffusion.quantize`),
+    # dequantized to param_dtype inside every jitted model call.
     weight_dtype: str | None = None
     remat: str = "none"  # "none" | "full" (recompute the whole layer group) | "dots" (save matmul outputs)
     self_conditioning: bool = (
@@ -193,10 +193,10 @@ class TransformerConfig:
             raise ValueError(f"model.remat={self.remat!r} must be 'none', 'full' or 'dots'.")
         resolve_dtype(self.param_dtype)
         resolve_dtype(self.compute_dtype)
-        if self.weight_dtype not in (None, "float8_e4m3fn"):
+        if self.weight_dtype not in (None, "float8_e4m3fn", "nvfp4"):
             raise ValueError(
-                f"model.weight_dtype={self.weight_dtype!r} must be None (weights in param_dtype) or 'float8_e4m3fn' "
-                "(weight-only FP8: python -m hackable_diffusion.quantize --workdir RUN --out NEW_RUN)."
+                f"model.weight_dtype={self.weight_dtype!r} must be None (weights in param_dtype), 'float8_e4m3fn' or "
+                "'nvfp4' (weight-only: python -m hackable_diffusion.quantize --workdir RUN --out NEW_RUN [--format])."
             )
         if self.final_logit_softcap is not None and self.final_logit_softcap <= 0:
             raise ValueError(f"model.final_logit_softcap must be > 0 or None, got {self.final_logit_softcap}.")

@@ -1,9 +1,12 @@
 """Group-relative advantages (GRPO, Shao et al. 2024 "DeepSeekMath"; the std-free variant of Dr. GRPO, Liu et al. 2025).
 
-G completions of one prompt form a group; a completion's advantage is its reward minus the group's mean, divided by
-the group's standard deviation (`scale="std"`) or not (`scale="none"`). A group whose rewards all tie carries no
-signal (every advantage is 0, and with `std` a 0/0): it is marked invalid so the objectives skip it, as d1 and the
-GRPO trainers do, instead of spending its rows on a zero gradient with a normalisation that counts them.
+G completions of one prompt form a group; a completion's advantage is its reward minus the group's mean
+(`scale="none"`, the default: what d1 and wd1 compute, and Dr. GRPO's argument against the division), or that divided
+by the group's population standard deviation (`scale="std"`: GRPO as Shao et al. 2024 write it; TRL divides by the
+sample standard deviation). A group whose rewards all tie carries no signal (every advantage is 0, and with `std` a
+0/0): its advantages are 0 and it is marked invalid (`valid`), which the `groups_used` metric, wd1's
+`rl.wd1_zero_tied_groups` and the `rl.skip_uninformative_steps` option read (its rows stay in the normalisation of
+the d1, GRPO and wd1 losses, with A = 0; the ELBO policy gradient averages over valid rows).
 `select_informative_groups` picks a rollout batch's groups out of several draws (dynamic sampling, DAPO: Yu et al.
 2025), informative (not tied) groups first.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
-SCALES = ("std", "none")
+SCALES = ("none", "std")  # the first is the default (d1, wd1)
 
 
 def informative_groups(rewards: Float[np.ndarray, "k g"]) -> Bool[np.ndarray, " k"]:
@@ -26,7 +29,7 @@ def informative_groups(rewards: Float[np.ndarray, "k g"]) -> Bool[np.ndarray, " 
 
 
 def group_advantages(
-    rewards: Float[np.ndarray, "k g"], *, scale: str = "std", eps: float = 1e-6
+    rewards: Float[np.ndarray, "k g"], *, scale: str = "none", eps: float = 1e-6
 ) -> tuple[Float[np.ndarray, "k g"], Bool[np.ndarray, " k"]]:
     """(advantages, valid groups) of rewards laid out one group (prompt) per row; tied groups get 0 and valid=False."""
     if scale not in SCALES:

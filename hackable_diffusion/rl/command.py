@@ -33,7 +33,8 @@ OBJECTIVES = ("diffu_grpo", "wd1", "elbo", "ar_grpo", "expert_iteration")
 RL_KEYS = (
     "objective", "prompts_per_rollout", "group_size", "inner_updates", "prompt_mask_prob", "advantage_scale",
     "clip_eps", "kl_beta", "wd1_psi", "wd1_negative_weight", "elbo_draws", "shaped_reward", "temperature",
-    "dynamic_sampling", "scorer", "trajectory_passes_per_forward",
+    "dynamic_sampling", "scorer", "trajectory_passes_per_forward", "loss_normalization", "skip_uninformative_steps",
+    "stop_at_eos", "wd1_zero_tied_groups",
 )  # fmt: skip
 SCORERS = ("mean_field", "trajectory")
 
@@ -67,7 +68,24 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
             f"config.rl.trajectory_passes_per_forward={per_forward!r} must be an integer >= 1 (the sampler passes "
             "scored from one forward of the trajectory scorer)."
         )
+    accum = int(config.get("train", {}).get("grad_accum_steps", 1))
+    if accum > 1:
+        raise ValueError(
+            f"config.train.grad_accum_steps={accum}: RL's losses are normalised over the whole rollout batch and wd1 "
+            "weighs whole groups, which strided micro-batches would split; set it to 1 (lower rl.prompts_per_rollout "
+            "or rl.group_size to fit memory)."
+        )
+    for key in ("stop_at_eos", "wd1_zero_tied_groups"):
+        if not isinstance(rl.get(key, False), bool):
+            raise ValueError(f"config.rl.{key}={rl.get(key)!r} must be True or False.")
+    task = config.get("data", {}).get("task")
+    if rl.get("stop_at_eos", False) and task != "countdown":
+        raise ValueError(
+            f"config.rl.stop_at_eos cuts a completion at its first EOS; the {task!r} task's completions "
+            "have none: set it to False."
+        )
     settings = rollout_settings(config)
+    check_paper_options(config)
     if rl.objective == "expert_iteration":
         if float(rl.kl_beta):
             raise ValueError(
@@ -109,6 +127,50 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
         raise ValueError("config.rl.prompt_mask_prob masks the prompt of a diffusion run; set it to 0 for an AR run.")
 
 
+def check_paper_options(config: ml_collections.ConfigDict) -> None:
+    """The `config.rl` options that choose between a paper's definition and a variant (docs/rl.md)."""
+    rl = config.rl
+    norm = rl.get("loss_normalization", "paper")
+    kinds = {"diffu_grpo": "clipped", "ar_grpo": "clipped", "wd1": "wd1"}
+    if rl.objective in kinds:
+        rl_objectives.resolve_normalization(kinds[rl.objective], norm)
+    elif norm != "paper":
+        raise ValueError(
+            f"config.rl.loss_normalization={norm!r}: objective={rl.objective!r} has one normalisation; "
+            "leave it 'paper'."
+        )
+    if rl.get("scorer", "mean_field") == "trajectory" and float(rl.prompt_mask_prob):
+        raise ValueError(
+            f"config.rl.scorer='trajectory' scores the sampler's own probability, which never masks the prompt; set "
+            f"config.rl.prompt_mask_prob=0 (got {rl.prompt_mask_prob})."
+        )
+
+
+def check_unshifted_start(config: ml_collections.ConfigDict) -> None:
+    """Refuses starting weights trained with `diffusion.token_shift` (the scorers read each position's own logits),
+    from the config and the starting run's config.json alone: before any weights are read."""
+    if starting_diffusion(config).get("token_shift", False):
+        raise ValueError(
+            "the starting run was trained with diffusion.token_shift (each position read from the logits to its left), "
+            "which the RL scorers do not read; start RL from a run trained without it."
+        )
+
+
+def with_update_gate(loss_fn: Any, *, expert_iteration: bool = False) -> Any:
+    """`loss_fn` reporting `train_state.APPLY_UPDATE` = 1 when the batch holds an informative group (expert
+    iteration, whose groups of one always tie: an accepted completion), else 0 (`rl.skip_uninformative_steps`: the
+    train step then leaves the weights, optimizer state and EMA untouched)."""
+    from hackable_diffusion.training.train_state import APPLY_UPDATE
+
+    useful = "solved" if expert_iteration else "valid"  # the rows the objective learns from
+
+    def loss(params, batch, key):
+        value, metrics = loss_fn(params, batch, key)
+        return value, {**metrics, APPLY_UPDATE: (jnp.max(batch[useful]) > 0).astype(jnp.float32)}
+
+    return loss
+
+
 def rollout_settings(config: ml_collections.ConfigDict) -> RolloutSettings:
     rl = config.rl
     return RolloutSettings(
@@ -136,6 +198,24 @@ def resolve_config(config: ml_collections.ConfigDict, base: base_weights.Base) -
                 )
             config.diffusion = source.diffusion  # the layout and process the weights were trained in
     return config
+
+
+def starting_diffusion(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The diffusion section the RL run will train with, from the configs alone (no weight is read): a toolbox run's
+    own (its saved config.json), as `resolve_config` takes it, or else this config's."""
+    import pathlib
+
+    from hackable_diffusion import run_config
+
+    diffusion = config.get("diffusion", {})
+    kind = base_weights.init_kind(config)
+    checkpoint = str(config.get("init", {}).get("checkpoint", "") or "")
+    if kind in ("toolbox", "params") and checkpoint:
+        source = pathlib.Path(checkpoint)
+        run_dir = source.parent if (source.name == "checkpoints" or kind == "params") else source
+        if (run_dir / "config.json").is_file():
+            diffusion = run_config.load_saved_config(str(run_dir)).diffusion
+    return diffusion
 
 
 def rollout_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -174,10 +254,11 @@ def build_objective(config: ml_collections.ConfigDict, exp) -> Any:
         else:
             scorer = MeanFieldScorer(exp.model, exp.process.mask_id, null_signal=null)
     beta, clip = float(rl.kl_beta), float(rl.clip_eps)
+    norm = str(rl.get("loss_normalization", "paper"))  # absent from configs saved before it existed
     if rl.objective == "diffu_grpo":
-        return rl_objectives.DiffuGRPO(scorer, clip_eps=clip, kl_beta=beta)
+        return rl_objectives.DiffuGRPO(scorer, clip_eps=clip, kl_beta=beta, normalization=norm)
     if rl.objective == "ar_grpo":
-        return rl_objectives.ArGRPO(scorer, clip_eps=clip, kl_beta=beta)
+        return rl_objectives.ArGRPO(scorer, clip_eps=clip, kl_beta=beta, normalization=norm)
     if rl.objective == "wd1":
         return rl_objectives.WD1(
             scorer,
@@ -185,6 +266,8 @@ def build_objective(config: ml_collections.ConfigDict, exp) -> Any:
             psi=float(rl.wd1_psi),
             negative_weight=float(rl.wd1_negative_weight),
             kl_beta=beta,
+            normalization=norm,
+            zero_tied_groups=bool(rl.get("wd1_zero_tied_groups", False)),  # absent from configs saved before it
         )
     in_place = hasattr(exp.objective, "train_loss_per_example") and getattr(exp.objective, "canvas_len", 0) is None
     if rl.objective == "expert_iteration":  # in place: the run's own loss; else the scorer's (exact AR, mean-field)
@@ -255,7 +338,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
 
     if "rl" not in config:
         raise ValueError("the config has no rl section: build it with recipes.rl_sections (configs/rl_sudoku.py).")
-    check_rl_config(config)
+    autoregressive = starting_diffusion(config).process == "none"
+    check_rl_config(config, autoregressive=autoregressive)  # the objective fits the run, before any weight is read
+    check_unshifted_start(config)
     path = exp_lib.workdir_path(workdir)
     base = base_weights.load_base(config)
     config = resolve_config(config, base)
@@ -285,6 +370,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
         policy_params = lambda params: merge(params[lora_lib.BASE_KEY], params[lora_lib.LORA_KEY])  # noqa: E731
         reference_params = lambda params: params[lora_lib.BASE_KEY]  # noqa: E731
     loss_fn = with_draws_metric(loss_fn)
+    if config.rl.get("skip_uninformative_steps", False):
+        loss_fn = with_update_gate(loss_fn, expert_iteration=config.rl.objective == "expert_iteration")
     stream = RolloutStream(
         exp=exp,
         settings=rollout_settings(config),
@@ -300,12 +387,14 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
 
 def run_rl(config: ml_collections.ConfigDict, workdir: str):
     """Trains as `config` describes in `workdir` (rerunning resumes); returns the final TrainState. The workdir is
-    locked against a second writer meanwhile."""
-    with WorkdirLock(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
-        return _run_rl(config, workdir)
+    locked against a second writer meanwhile, and a start that fails before training begins removes what it wrote
+    (`WorkdirLock`'s undo_failed_start)."""
+    lock = WorkdirLock(workdir, undo_failed_start=True) if jax.process_index() == 0 else None
+    with lock if lock is not None else contextlib.nullcontext():
+        return _run_rl(config, workdir, started=lock.started if lock is not None else lambda: None)
 
 
-def _run_rl(config: ml_collections.ConfigDict, workdir: str):
+def _run_rl(config: ml_collections.ConfigDict, workdir: str, started=lambda: None):
     from hackable_diffusion.training import loop, sharding
 
     if jax.process_count() > 1:
@@ -336,6 +425,7 @@ def _run_rl(config: ml_collections.ConfigDict, workdir: str):
             ),
             flush=True,
         )
+    started()  # from here a failure keeps what the run wrote
     return loop.train(
         workdir=workdir,
         init_fn=run.init_fn,

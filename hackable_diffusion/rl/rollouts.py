@@ -25,7 +25,9 @@ functions of (seed, draw index) alone, the prompt masks of (seed, rollout index)
 
 A trajectory scorer (`scorers.TrajectoryScorer`, `needs_commit_pass`) also needs the pass at which the sampler wrote
 each completion token: the stream then asks the task for it (`rollout(..., record_order=True)`) and puts it in the
-rows (`policy_rows(..., commit_pass=...)`) as `commit_pass`.
+rows (`policy_rows(..., commit_pass=...)`) as `commit_pass`. When the task's rows score less than the sampler wrote
+(`rl.stop_at_eos` in place: `completion` ends at the first EOS), they also hold `masked`, every written position: the
+scorers keep all of them masked, and the batch carries it.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class RolloutSettings:
     group_size: int
     inner_updates: int = 1
     prompt_mask_prob: float = 0.0
-    advantage_scale: str = "std"
+    advantage_scale: str = "none"  # d1 and wd1: r - mean; "std": divided by the group std
     seed: int = 0
     dynamic_sampling: int = 0
 
@@ -127,7 +129,8 @@ class RolloutStream:
         self.needs_old = needs_old_log_probs
         self.reward_kwargs = dict(reward_kwargs or {})
         self.needs_order = bool(getattr(scorer, "needs_commit_pass", False))  # a trajectory scorer
-        self._score = jax.jit(lambda params, *rows: scorer(params, *rows)[0])  # tokens, completion, mask[, order]
+        # tokens, completion, mask[, order][, masked=the positions the sampler wrote (`rl.stop_at_eos`)]
+        self._score = jax.jit(lambda params, *rows, **masked: scorer(params, *rows, **masked)[0])
         self.rollout_index, self.draw_index, self.inner = 0, 0, 0
         self._cached: dict[str, np.ndarray] | None = None
         self._state_params: PyTree = None
@@ -229,21 +232,25 @@ class RolloutStream:
             rows, commit_pass = self.task.policy_rows(self.exp, prompts, completions), {}
         tokens, completion = np.asarray(rows["tokens"], np.int32), np.asarray(rows["completion"], bool)
         scored = (jnp.asarray(tokens), jnp.asarray(completion))
+        written = {"masked": np.asarray(rows["masked"], bool)} if "masked" in rows else {}  # completion cut at EOS
+        written_jnp = {k: jnp.asarray(v) for k, v in written.items()}
         extra = (jnp.asarray(commit_pass["commit_pass"]),) if commit_pass else ()  # a trajectory scorer's 5th argument
         n, length = tokens.shape
         masks = np.zeros((s.inner_updates, n, length), bool)
         if s.prompt_mask_prob > 0:
             rng = np.random.default_rng([s.seed, rollout, 2])
             masks = (rng.random((s.inner_updates, n, length)) < s.prompt_mask_prob) & ~completion[None]
+            if written:
+                masks &= ~written["masked"][None]
         old = np.zeros((s.inner_updates, n, length), np.float32)
         ref = np.zeros((s.inner_updates, n, length), np.float32)
         reference = self.reference_params(state_params) if self.reference_params is not None else None
         for j in range(s.inner_updates):
             jm = jnp.asarray(masks[j])
             if self.needs_old:
-                old[j] = np.asarray(self._score(params, *scored, jm, *extra))
+                old[j] = np.asarray(self._score(params, *scored, jm, *extra, **written_jnp))
             if reference is not None:
-                ref[j] = np.asarray(self._score(reference, *scored, jm, *extra))
+                ref[j] = np.asarray(self._score(reference, *scored, jm, *extra, **written_jnp))
             elif self.needs_old:
                 ref[j] = old[j]  # no KL term: the KL metric measures the drift from the rollout-time policy
         has_reference = reference is not None or self.needs_old
@@ -258,6 +265,7 @@ class RolloutStream:
         return {
             "tokens": tokens,
             "completion": completion,
+            **written,
             **commit_pass,
             "advantages": advantages.reshape(-1),
             "valid": np.repeat(valid_groups, s.group_size).astype(np.float32),

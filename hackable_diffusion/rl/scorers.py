@@ -13,11 +13,18 @@
   function of the canvas (a margin or confidence rule, not a random order) and it draws at temperature 1 without a
   constraint; `passes_per_forward` = s > 1 scores s consecutive passes from the canvas before the first of them
   (TraceRL's shrinkage: 1/s of the forwards), and s >= the number of passes is the mean-field estimate again.
-  Differs from TraceRL: no value model, and a self-conditioned model is scored with its null signal at every pass.
+  The prompt is never masked (the sampler never masks it; `prompt_masked` is ignored, and `rl.prompt_mask_prob` > 0
+  with this scorer is refused at start-up). Differs from TraceRL: no value model, and a self-conditioned model is
+  scored with its null signal at every pass.
 * `AutoregressiveScorer` (AR runs): the exact log-probs of a causal pass, token t read from position t - 1.
 
 All return (log-probs, entropies), each (b, l) with zeros outside `completion`, plus the MoE auxiliary outputs; all
-take `commit_pass` (b, l) int32, which only the trajectory scorer reads (the others accept None).
+take `commit_pass` (b, l) int32, which only the trajectory scorer reads (the others accept None), and `masked` (b, l)
+bool, the positions the sampler wrote (None: `completion`): the diffusion scorers mask all of them and score only
+`completion` (`rl.stop_at_eos` scores a completion up to its first EOS while the tail after it stays masked, as in
+d1's forward_process, so the scored pass never sees where the completion ended); the AR scorer ignores it. All read
+position t's prediction from its own logits (the AR scorer: from t - 1, the causal convention); a run trained with
+`diffusion.token_shift` is refused before its weights are loaded (`rl.command.check_unshifted_start`).
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ def _masked_pass(model, params, tokens, undecided, scored, mask_id: int, null_si
 
 @dataclasses.dataclass(frozen=True)
 class MeanFieldScorer:
-    """d1's one-step estimator: the completion (and `prompt_masked`) masked, one bidirectional pass."""
+    """d1's one-step estimator: the completion (with `masked`, every position the sampler wrote) and `prompt_masked`
+    masked, one bidirectional pass; the log-probs of `completion`."""
 
     model: T.Transformer
     mask_id: int
@@ -65,9 +73,11 @@ class MeanFieldScorer:
         completion: Bool[Array, "b l"],
         prompt_masked: Bool[Array, "b l"],
         commit_pass: Int[Array, "b l"] | None = None,
+        *,
+        masked: Bool[Array, "b l"] | None = None,
     ) -> tuple[Float[Array, "b l"], Float[Array, "b l"], dict]:
         del commit_pass
-        undecided = completion | prompt_masked
+        undecided = completion | prompt_masked | (completion if masked is None else masked)
         return _masked_pass(self.model, params, tokens, undecided, completion, self.mask_id, self.null_signal)
 
 
@@ -102,14 +112,18 @@ class TrajectoryScorer:
         completion: Bool[Array, "b l"],
         prompt_masked: Bool[Array, "b l"],
         commit_pass: Int[Array, "b l"] | None = None,
+        *,
+        masked: Bool[Array, "b l"] | None = None,
     ) -> tuple[Float[Array, "b l"], Float[Array, "b l"], dict]:
         if commit_pass is None:
             raise ValueError("the trajectory scorer needs each completion position's commit pass from the rollout.")
-        group = jnp.where(completion, commit_pass // self.passes_per_forward, -1)
+        del prompt_masked  # the sampler never masks the prompt: scoring it masked would not be its probability
+        written = completion if masked is None else masked | completion  # a position here is masked until its pass
+        group = jnp.where(written, commit_pass // self.passes_per_forward, -1)
 
         @jax.checkpoint  # the backward pass recomputes each forward: it holds one forward's activations at a time
         def one_group(params, g):
-            undecided = (completion & (group >= g)) | prompt_masked
+            undecided = written & (group >= g)
             scored = completion & (group == g)
             return _masked_pass(self.model, params, tokens, undecided, scored, self.mask_id, self.null_signal)
 
@@ -137,8 +151,10 @@ class AutoregressiveScorer:
         completion: Bool[Array, "b l"],
         prompt_masked: Bool[Array, "b l"],
         commit_pass: Int[Array, "b l"] | None = None,
+        *,
+        masked: Bool[Array, "b l"] | None = None,
     ) -> tuple[Float[Array, "b l"], Float[Array, "b l"], dict]:
-        del prompt_masked, commit_pass
+        del prompt_masked, commit_pass, masked
         logits, aux = T.forward(self.model, params, tokens, causal=True)
         shifted = jnp.concatenate([jnp.zeros_like(logits[:, :1]), logits[:, :-1]], axis=1)  # position t reads t - 1
         scored = completion & (jnp.arange(tokens.shape[1]) > 0)[None, :]

@@ -315,6 +315,29 @@ def row_keys(key: Any, batch_size: int) -> Array:
     return key
 
 
+ROW_KEY_BLOCK = 64  # `row_key_data` folds row indices in blocks of this many: one compiled program for any count
+
+
+@jax.jit
+def _row_key_block(key: Array, start: Int[Array, ""]) -> Array:
+    rows = start + jnp.arange(ROW_KEY_BLOCK)
+    return jax.random.key_data(jax.vmap(lambda i: jax.random.fold_in(key, i))(rows))
+
+
+def row_key_data(key: Any, count: int) -> np.ndarray:
+    """The raw data ((count, 2) uint32, on the host) of `row_keys(key, count)`: row i is fold_in(key, i). Made in
+    blocks of ROW_KEY_BLOCK rows, so any count runs the same compiled program (`row_keys(key, count)` compiles one per
+    count), and indexed, padded and sliced with numpy, never on the device; pass a slice as `key` to the samplers,
+    which take raw key data."""
+    typed = jax.random.key(int(key)) if isinstance(key, (int, np.integer)) else jnp.asarray(key)
+    if not jnp.issubdtype(typed.dtype, jax.dtypes.prng_key):
+        typed = jax.random.wrap_key_data(typed)
+    if typed.ndim != 0:
+        raise ValueError(f"row_key_data needs an int seed or a single key, got {typed.shape[0]} keys.")
+    blocks = [np.asarray(_row_key_block(typed, np.int32(s))) for s in range(0, count, ROW_KEY_BLOCK)]
+    return np.concatenate(blocks)[:count] if blocks else np.zeros((0, 2), np.uint32)
+
+
 @functools.partial(jax.jit, static_argnames=("model",))
 def canvas_logits(
     model: T.Transformer,
@@ -355,6 +378,7 @@ def _denoise(
     return_trajectory: bool,
     on_step: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
     before_logits: Float[Array, "b v"] | None = None,
+    temperature_scale: Float[Array, ""] | None = None,
 ) -> CanvasResult:
     b, c = canvas.shape
     num_steps = sampler.num_steps
@@ -401,16 +425,19 @@ def _denoise(
             decided = (fixed | (old != process.mask_id)) if persistent else fixed
             excluded = sampler.constraint(old, decided, logits.shape[-1])
         step_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, step), 3))(keys)
+        temperature = sampler.temperature(info.t)
+        if temperature_scale is not None:  # a traced factor: one compiled loop for every temperature
+            temperature = temperature * temperature_scale
         if sampler.vocab_chunk:  # the same quantities, scanned over chunks of the vocabulary (vocab_chunks.py)
             candidates, shaped, scored, sc = _summarised_step(
-                sampler, model, params, logits, excluded, sampler.temperature(info.t), step_keys[:, 0], use_sc
+                sampler, model, params, logits, excluded, temperature, step_keys[:, 0], use_sc
             )
             argmax = shaped.argmax
         else:
             biased = logits.astype(jnp.float32) + bias
             if excluded is not None:
                 biased = jnp.where(excluded, NEG_LOGIT, biased)
-            shaped = biased / sampler.temperature(info.t)
+            shaped = biased / temperature
             candidates = sampler.draw(step_keys[:, 0], shaped)
             scored = shaped if sampler.score_temperature is None else biased / sampler.score_temperature
             argmax = jnp.argmax(shaped, axis=-1).astype(jnp.int32)
@@ -545,6 +572,7 @@ def denoise_canvas(
     return_trajectory: bool = False,
     on_step: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
     before_logits: Float[Array, "b v"] | None = None,
+    temperature_scale: float | Float[Array, ""] | None = None,
 ) -> CanvasResult:
     """Denoises `canvas_init` (its free positions are the starting noise, its fixed positions the given tokens).
 
@@ -556,6 +584,9 @@ def denoise_canvas(
       hashable (it is a static argument: a module-level function or a bound method compiles once); it changes no value.
     before_logits: (b, v) the logits of each row's last real token before the canvas; needed by a
       `sampler.token_shift` sampler only.
+    temperature_scale: None, or a factor (> 0) on `sampler.temperature` passed as a traced value, so that requests
+      at different temperatures share one compiled loop (a server: `sampler.temperature` 1, the request's as the
+      factor); the same tokens as the sampler with its temperature multiplied by it, up to float32 rounding.
     """
     canvas_init = jnp.asarray(canvas_init, jnp.int32)
     if canvas_init.ndim != 2 or canvas_init.shape[1] < 1:
@@ -575,6 +606,8 @@ def denoise_canvas(
     active = jnp.ones((b,), bool) if active is None else jnp.asarray(active, bool)
     if active.shape != (b,):
         raise ValueError(f"active must have shape ({b},), got {active.shape}.")
+    if isinstance(temperature_scale, (int, float)) and not temperature_scale > 0:
+        raise ValueError(f"temperature_scale must be > 0 (None: the sampler's own temperature), got {temperature_scale}.")
     return _denoise_jit(
         model,
         params,
@@ -587,4 +620,5 @@ def denoise_canvas(
         return_trajectory=return_trajectory,
         on_step=on_step,
         before_logits=before_logits,
+        temperature_scale=None if temperature_scale is None else jnp.asarray(temperature_scale, jnp.float32),
     )

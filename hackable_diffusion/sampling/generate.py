@@ -346,6 +346,7 @@ def stream_canvases(
     before_canvas: Any = None,
     on_step: Any = None,
     on_cache: Any = None,
+    temperature_scale: float | None = None,
 ):
     """`generate`'s host loop as an iterator: yields a `CanvasUpdate` as each canvas is committed.
 
@@ -359,6 +360,8 @@ def stream_canvases(
       went away.
     on_step: optional hashable callable run on the host after every denoising step (`denoise_canvas`'s): a live view.
     on_cache: optional callable given the final KV cache.
+    temperature_scale: optional factor on the sampler's temperature, traced (`denoise_canvas`): every temperature
+      runs the same compiled programs.
     The rest are `generate`'s arguments. Row randomness is per row as in `generate`; with the default canvas lengths
     the tokens equal `generate`'s.
     """
@@ -411,6 +414,7 @@ def stream_canvases(
             return_trajectory=return_trajectory,
             on_step=on_step,
             before_logits=before,
+            temperature_scale=temperature_scale,
         )
         canvas, stopped = truncate_at_stop(result.canvas, stop, active)
         cache, before = _commit(model, params, cache, canvas, before, sampler.token_shift)

@@ -12,7 +12,8 @@ go in the extra body: `steps` (denoising steps per canvas), `selection` ({"rule"
 `event: step`). Fields OpenAI has but this server does not compute (`logprobs`, `echo`, `best_of` > 1, penalties
 other than 0, `n` > 1, tools) are refused with a 400 rather than silently ignored.
 
-Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400 bad request, 404 unknown model
+Errors use OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400 bad request (text the run's
+tokenizer cannot encode, e.g. characters outside a character vocabulary, included), 404 unknown model
 (as OpenAI's and vLLM's servers answer) or route, 429 queue full, 503 while the model loads or the server shuts down,
 504 request timeout, 500 generation failure.
 """
@@ -177,8 +178,12 @@ class Api:
         want_steps = bool(body.get("stream_steps", False))
         out = []
         for text in prompts:
+            try:
+                prompt_ids = self.engine.encode(text)
+            except ValueError as e:  # the client's text, not the server: a 400 (a 500 would be retried)
+                raise ApiError(400, f"the prompt cannot be encoded by this model's tokenizer: {e}", "prompt") from None
             request = Request(
-                prompt_ids=self.engine.encode(text),
+                prompt_ids=prompt_ids,
                 max_tokens=max_tokens,
                 emit=lambda event: None,
                 stop=stops,

@@ -6,13 +6,16 @@
 Then any OpenAI client talks to it (base URL http://HOST:PORT/v1, any API key), e.g.
 `curl localhost:8000/v1/completions -d '{"prompt": "ROMEO:", "max_tokens": 64, "seed": 1}'`, and the page at
 http://HOST:PORT/ shows a canvas denoising live. SIGTERM / Ctrl-C stop taking connections and let running requests
-finish (up to --shutdown_timeout_s). Needs the serving extra: pip install -e '.[serve]'. See docs/serving.md.
+finish (up to --shutdown_timeout_s). The address is bound before the server says where it serves: a port in use or
+outside 0-65535 (0: any free port) stops the command with one error line. Needs the serving extra: pip install -e
+'.[serve]'. See docs/serving.md.
 """
 
 from __future__ import annotations
 
 import pathlib
 import signal
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -30,7 +33,9 @@ def define_flags(argv: list[str]):
     _HAS_RUN["saved"] = saved is not None
     flags.DEFINE_string("workdir", None, "A training run directory, or hf:DIR for a Hugging Face checkpoint.")
     flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0 for every interface).")
-    flags.DEFINE_integer("port", 8000, "Port to listen on (0 = any free port, printed at start).")
+    flags.DEFINE_integer(
+        "port", 8000, "Port to listen on (0 = any free port, printed at start).", lower_bound=0, upper_bound=65535
+    )
     flags.DEFINE_integer("max_batch", 8, "Most requests in one generation (rounded up to a power of two).")
     flags.DEFINE_integer("max_queue", 64, "Most waiting requests; more are answered 429.")
     flags.DEFINE_float("request_timeout_s", 600.0, "A request still running after this long gets a 504.")
@@ -43,6 +48,37 @@ def define_flags(argv: list[str]):
         "vocab_chunk", -1, "The canvas step reads the vocabulary in chunks of this size (-1: 16,384 if larger; 0: off)."
     )
     flags.DEFINE_bool("warm_up", True, "Compile the batch-1 and full-batch programs before taking requests.")
+
+
+class ServeAddressError(ValueError):
+    """The server cannot listen where it was asked to (bad input, one line)."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (0: any free port) for uvicorn to listen on, bound before anything is announced;
+    raises ServeAddressError for a port outside 0-65535, an address that does not resolve, or one that cannot be bound
+    (a port another program listens on)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ServeAddressError(f"--port={port} is not a port: give one in 1-65535 (0: any free port).")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise ServeAddressError(f"--host={host!r} does not resolve ({e}): give an address such as 127.0.0.1.") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart reuses a port left in TIME_WAIT
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        reason = e.strerror or str(e)
+        raise ServeAddressError(
+            f"cannot listen on {host}:{port} ({reason}): another program may be using the port; pass another --port "
+            "(0: any free port)."
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def load_engine(workdir: str, config, *, weights: str = "ema", model_name: str = "", **engine_args):
@@ -64,20 +100,22 @@ def load_engine(workdir: str, config, *, weights: str = "ema", model_name: str =
 
 
 def warm_up(engine, prompt: str = "", max_tokens: int | None = None, batch_sizes: Sequence[int] = ()) -> float:
-    """Runs one request at batch 1 and a full batch (and any `batch_sizes`), so that the first clients do not wait
-    for compilation; returns the seconds it took. The engine's statistics start afresh afterwards."""
+    """Runs one request at batch 1 and a full batch (and any `batch_sizes`), each once plain and once streamed (a
+    batch with a streaming client runs the denoising loop with a per-step host callback: another program), so that
+    the first clients do not wait for compilation; returns the seconds it took. The engine's statistics start afresh
+    afterwards."""
     from hackable_diffusion.serve.engine import EngineStats, Request, next_power_of_two
 
     start = time.perf_counter()
     for size in sorted({1, engine.max_batch, *(next_power_of_two(b) for b in batch_sizes)}):
-        done = threading.Semaphore(0)
-        release = lambda event, d=done: d.release() if event["type"] in ("done", "error") else None  # noqa: E731
-        tokens = max_tokens or engine.canvas_length
-        engine.submit_many(
-            [Request(engine.encode(prompt), tokens, release) for _ in range(min(size, engine.max_batch))]
-        )
-        for _ in range(min(size, engine.max_batch)):
-            done.acquire()
+        for stream in (False, True):
+            done = threading.Semaphore(0)
+            release = lambda event, d=done: d.release() if event["type"] in ("done", "error") else None  # noqa: E731
+            tokens = max_tokens or engine.canvas_length
+            count = min(size, engine.max_batch)
+            engine.submit_many([Request(engine.encode(prompt), tokens, release, stream=stream) for _ in range(count)])
+            for _ in range(count):
+                done.acquire()
     engine.stats = EngineStats()  # the figures /metrics shows are the clients'
     return time.perf_counter() - start
 
@@ -128,12 +166,14 @@ def main(argv):
     cli.quiet_library_logs()
     if not _HAS_RUN["saved"]:
         run_config.load_saved_config(hf_runs.resolve_workdir(FLAGS.workdir))  # the clear error: no run there
+    listening = bind_socket(FLAGS.host, FLAGS.port)  # a taken port stops the command here, before it is announced
+    port = listening.getsockname()[1]
     application = build_app(None, request_timeout_s=FLAGS.request_timeout_s)  # 503 until the model is ready
     server = uvicorn.Server(
         uvicorn.Config(
             application,
             host=FLAGS.host,
-            port=FLAGS.port,
+            port=port,
             log_level="info",
             timeout_graceful_shutdown=FLAGS.shutdown_timeout_s,
         )
@@ -164,7 +204,7 @@ def main(argv):
             loaded["error"] = e
             server.should_exit = True
 
-    print(f"serving on http://{FLAGS.host}:{FLAGS.port}/ (OpenAI API under /v1); loading the model ...", flush=True)
+    print(f"serving on http://{FLAGS.host}:{port}/ (OpenAI API under /v1); loading the model ...", flush=True)
     threading.Thread(target=load, name="serve-load", daemon=True).start()
 
     def stopped(signum, frame):  # uvicorn drains, then re-raises the signal it caught: a clean exit, not a kill
@@ -173,9 +213,12 @@ def main(argv):
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, stopped)
     try:
-        server.run()
-    except SystemExit:
-        pass
+        server.run(sockets=[listening])
+    except SystemExit as stop:  # a signal: a clean stop; uvicorn's own start-up failure keeps its status
+        if stop.code not in (0, None):
+            raise
+    finally:
+        listening.close()
     if "error" in loaded:
         raise loaded["error"]
     if "engine" in loaded:

@@ -10,7 +10,9 @@ cancellation when the client goes away, metrics), built on the toolbox's own gen
     inactive from the start), the prompt width to a multiple of `prompt_bucket`, the canvases to a power of two.
     Rows of different prompt lengths are exact (invalid cache slots are never attended, positions count real tokens)
     and each row's randomness comes from its own seed, so a request's tokens do not depend on what it was batched
-    with: a request equals `sample --seed S` on its prompt alone.
+    with: a request equals `sample --seed S` on its prompt alone. A request's temperature is a traced factor on the
+    sampler's, not a constant of the program, so any temperature runs the programs already compiled; the number of
+    steps, the selection rule and the first-canvas length are part of the program (one compile per setting).
   * Diffusion runs stream text as it becomes final: with a masking sampler that never re-masks, a decided token never
     changes, so after every denoising step (a host callback inside the compiled loop) each row's newly decided prefix
     of the canvas goes out; otherwise (uniform noise, re-masking rules) a canvas's text goes out when it is committed.
@@ -290,15 +292,22 @@ class Engine:
                     sc.selection = recipes.selection(s.selection_rule, **dict(s.selection_args))
                 except (ValueError, TypeError, KeyError) as e:
                     raise RequestError(f"selection {s.selection_rule!r}: {e}") from None
-            if s.temperature is not None:
-                t = GREEDY_TEMPERATURE if s.temperature == 0 else float(s.temperature)
-                sc.min_temperature = sc.max_temperature = t
+            if s.temperature is not None:  # constant 1 here, times the request's temperature, a traced factor
+                sc.min_temperature = sc.max_temperature = 1.0
                 if s.temperature == 0:
                     sc.score_temperature = 1.0
         try:
             return builders.build_sampler(config, self.exp.process, forbidden_tokens=self._forbidden())
         except (ValueError, TypeError, KeyError) as e:
             raise RequestError(f"sampler settings {dataclasses.asdict(s)}: {e}") from None
+
+    @staticmethod
+    def temperature_scale(s: SamplerSettings) -> float | None:
+        """A diffusion request's temperature as the traced factor on its sampler's (constant 1) temperature, so that
+        every temperature runs the same compiled programs; None: the run's own schedule."""
+        if s.temperature is None:
+            return None
+        return GREEDY_TEMPERATURE if s.temperature == 0 else float(s.temperature)
 
     # ---- the worker ----------------------------------------------------------------------------------------------
     def _take_batch(self) -> list[Request] | None:
@@ -489,6 +498,7 @@ class Engine:
                 first_canvas_length=settings.first_canvas,
                 before_canvas=before_canvas,
                 on_step=self._on_step if per_step else None,
+                temperature_scale=self.temperature_scale(settings),
             )
             for update in stream:
                 for i, row in enumerate(rows):

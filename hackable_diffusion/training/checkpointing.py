@@ -14,8 +14,9 @@ Deliberate additions:
   * When `restore_latest` falls back past damaged steps, it moves them out of orbax's sight into `<directory>_damaged/`
     (kept for inspection, never deleted) and logs a warning saying where: the run then saves its next steps normally,
     whereas orbax would skip every save of a step older than a damaged newer one.
-  * A save that does not happen is never silent. An async save is confirmed before the next one starts and in `wait`
-    / `close`; a save orbax skips or fails to finish raises `CheckpointSaveError` (a full disk: `DiskFullError`) after
+  * A save that does not happen is never silent. An async save is confirmed as soon as it has finished (`poll`, which
+    the training loop calls after every step), before the next one starts and in `wait` / `close`; a save orbax skips
+    or fails to finish raises `CheckpointSaveError` (a full disk: `DiskFullError`) after
     removing the partial step directory, with the earlier checkpoints left as they were. Orbax's own error logs and
     the tracebacks of its write threads are held back (a failed save is reported once, with its cause).
 """
@@ -205,6 +206,16 @@ class Checkpointer:
                 f"than the newest one there (step {self.latest_step()}); move the newer step folders out of "
                 f"{self.directory} (or use a new --workdir) and run again."
             )
+
+    def poll(self) -> None:
+        """Confirms the started save if it has finished, raising as `wait` does when it failed, so that a failed save
+        is reported when it ends rather than at the next save; returns at once while it is still being written. With
+        several processes every process calls it at the same steps (they agree on whether the save has finished)."""
+        if self._pending is None:
+            return
+        finished = not self._manager.is_saving_in_progress()
+        if _agree_across_processes(finished):
+            self._confirm_pending()
 
     def _confirm_pending(self) -> None:
         """Waits for the started save; if it did not complete, cleans up after it and raises (see `_failed_save`)."""

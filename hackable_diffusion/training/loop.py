@@ -12,7 +12,8 @@ Deliberate choices:
     with `NonFiniteLossError` naming the step and the last good checkpoint; the bad update was never applied (see
     `train_state`) and no checkpoint is written after it.
   * A checkpoint that could not be written stops the run with one error (`checkpointing.CheckpointSaveError`, or
-    `DiskFullError` for a full disk) once its partial files are removed; a resume past damaged checkpoints moves them
+    `DiskFullError` for a full disk) once its partial files are removed, at the first step after its (async) write
+    ended, not at the next save; a resume past damaged checkpoints moves them
     to `checkpoints_damaged/` first, so the steps it trains are saved. After a failure the loop closes its writers
     without letting their own errors replace the first one.
   * The data iterator is advanced exactly once per step and checkpointed with the state, so the k-th batch of a
@@ -311,6 +312,8 @@ def train(
                 run_eval(step)
             if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == cfg.total_steps):
                 save(step)
+            if checkpointer is not None:
+                checkpointer.poll()  # a save that failed in the background stops the run now
             for hook in hooks:
                 hook(step, state, step_metrics)
             signum = stop.agreed()

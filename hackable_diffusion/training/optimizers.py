@@ -54,6 +54,12 @@ def make_lr_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
         raise ValueError(f"need warmup_steps >= 0 and total_steps > 0, got warmup_steps={warmup}, total_steps={total}.")
     if warmup > total:
         raise ValueError(f"warmup_steps={warmup} exceeds total_steps={total}; shorten the warmup or train longer.")
+    for name, value in (("peak_lr", peak), ("end_lr", end)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(
+                f"optimizer.{name}={value} must be a finite number >= 0 (a negative learning rate climbs the loss); "
+                f"set --config.optimizer.{name} to a small positive value such as 3e-4."
+            )
     decay_steps = max(total - warmup, 1)
 
     def schedule(step):

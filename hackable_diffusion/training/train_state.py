@@ -13,6 +13,11 @@ Deliberate differences:
   * Gradient accumulation splits the batch's leading axis strided (micro-batch i takes rows i, i+A, i+2A, ...), so
     every micro-batch keeps the batch's (data, fsdp) sharding instead of living on a subset of devices.
   * EMA uses a constant decay (no warmup correction): ema <- decay * ema + (1 - decay) * params.
+  * A loss may veto its step: when its metrics hold `APPLY_UPDATE` ("apply_update", averaged over micro-batches)
+    and it is 0, the params, optimizer state and EMA stay exactly as they were and only the step counter advances
+    (RL's `rl.skip_uninformative_steps`: a batch without an informative group, for expert iteration without an
+    accepted completion). Without it every finite step is applied, a zero gradient included: Adam's momentum still
+    moves the weights then.
   * A loss whose `uses_step` attribute is True (an objective with adaptation schedules, `diffusion.adaptation`) is
     called as `loss_fn(params, batch, key, step=state.step)`: the step is a traced scalar, so one compiled step
     serves every step.
@@ -32,6 +37,7 @@ from jaxtyping import Array, Bool, Float, Int, UInt32
 
 PyTree = Any
 Batch = Mapping[str, Array]
+APPLY_UPDATE = "apply_update"  # a loss metric: 0 skips the step's update (module docstring)
 LossFn = Callable[[PyTree, Batch, Array], tuple[Float[Array, ""], Mapping[str, Array]]]
 
 
@@ -102,7 +108,9 @@ def make_train_step(
         examples so that averaging micro-batch gradients equals the full-batch gradient. With `loss_fn.uses_step`
         True it also gets `step=` (the step being taken).
       optimizer: the optax transformation (from `optimizers.make_optimizer`).
-      lr_schedule: reported as `metrics["lr"]` at the step being taken (optional).
+      lr_schedule: reported as `metrics["lr"]` at the step being taken (optional). A vetoed step (`APPLY_UPDATE` = 0)
+        does not advance the optimizer's own count, so after k vetoed steps the optimizer uses the schedule's value
+        at `step - k`, and `metrics["lr"]` (read at `state.step`) runs ahead of it by k steps.
       grad_accum_steps: split the batch's leading axis into this many micro-batches, scanned sequentially.
       ema_decay: 0 disables the EMA (then `state.ema_params` must be None).
       trainable_mask: the mask given to `make_optimizer` (pytree of bools or callable params -> bools). Gradients of
@@ -171,6 +179,10 @@ def make_train_step(
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema_params=ema)
         # Keep the old state when anything is non-finite (a select, so the shapes and shardings stay put).
         new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+        if APPLY_UPDATE in aux:  # the loss vetoed the update: everything but the step counter stays
+            skipped = state.replace(step=state.step + 1)
+            keep = (aux[APPLY_UPDATE] > 0) | ~finite  # a non-finite step keeps the input state, step included
+            new_state = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_state, skipped)
         metrics = dict(aux)
         metrics.update(
             loss=loss,

@@ -275,3 +275,106 @@ def test_toy_masking_elbo_is_tight_and_uniform_elbo_bounds_the_nll():
     # Without Monte Carlo: both bounds hold and are tight up to the O(eps) endpoint terms.
     for key in ("elbo_masking_exact_bits", "elbo_uniform_exact_bits"):
         assert nll - 1e-5 <= result[key] <= nll + 2e-3, (key, result)
+
+
+def test_generalised_kl_matches_its_formula_either_side_of_the_large_ratio_switch():
+    """f(r, r^) = r log(r / r^) - r + r^ from logs, in float64: moderate log-ratios, and d = log r - log r^ just under
+    and over 30 (where r - r^ stops being computed as r^ expm1(d)); r = 0 gives r^, r^ = 0 < r gives inf, both 0
+    give 0."""
+    pairs = [(math.log(2), math.log(3)), (math.log(3), math.log(2)), (0.0, 0.0), (29.5, 0.0), (30.5, 0.0), (35.0, 2.0)]
+    log_r, log_r_hat = (np.array(column) for column in zip(*pairs))
+    with jax.enable_x64(True):
+        got = np.asarray(L._generalised_kl(jnp.asarray(log_r), jnp.asarray(log_r_hat)))
+        edges = np.asarray(L._generalised_kl(jnp.array([-np.inf, 0.5, -np.inf]), jnp.array([-0.7, -np.inf, -np.inf])))
+    r, r_hat = np.exp(log_r), np.exp(log_r_hat)
+    np.testing.assert_allclose(got, r * (log_r - log_r_hat) - r + r_hat, rtol=1e-10)
+    np.testing.assert_allclose(edges, [math.exp(-0.7), np.inf, 0.0], rtol=1e-12)
+
+
+def test_bits_per_token_without_loss_tokens_is_zero_and_with_one_is_its_nats_in_bits():
+    assert float(L.bits_per_token(jnp.array([0.0, 0.0]), jnp.array([0, 0]))) == 0.0
+    np.testing.assert_allclose(L.bits_per_token(jnp.array([2.0, 0.0]), jnp.array([1, 0])), 2.0 / math.log(2), rtol=1e-6)
+
+
+def test_malformed_shapes_are_named_in_the_error():
+    x0, xt, logits = _problem(UNIFORM)
+    with pytest.raises(ValueError, match="need logits"):  # x0 and xt agree with each other but not with the logits
+        L.uniform_elbo(logits, x0[:, 1:], xt[:, 1:], TIMES, UNIFORM.schedule)
+    with pytest.raises(ValueError, match=rf"t must have shape \(batch,\) = \({B},\), got \(2,\)"):
+        L.masking_elbo(logits, x0, xt, TIMES[:2], MASKING.schedule, MASKING.mask_id)
+
+
+@pytest.mark.parametrize("eps", [1e-4, 1.3e-3, 0.05])
+def test_prior_kl_is_the_exact_kl_in_float64_and_close_in_float32(eps):
+    """sum_k q_k log(q_k / p_k) with q = eps onehot(x0) + (1 - eps) pi and p = eps / V + (1 - eps) pi. With eps 1.3e-3
+    the uniform prior's ratio r = (q - p) / p at x0 is 7.8e-3, just under the series switch (|r| < 1e-2): the float64
+    value then checks the series to its truncation error (~r^3 / 10 relative); eps 0.05 is over it."""
+    x0 = [0, 3, 5]
+    processes = [
+        MaskingProcess(vocab_size=V, schedule=LinearSchedule(eps=eps), mask_id=V - 1),
+        UniformProcess(vocab_size=V, schedule=LinearSchedule(eps=eps)),
+        UniformProcess(vocab_size=V, schedule=LinearSchedule(eps=eps), excluded_ids=(1,)),
+    ]
+    for process in processes:
+        pi = np.asarray(process.noise_distribution(), np.float64)
+        prior = eps / V + (1 - eps) * pi
+        want = 0.0
+        for token in x0:
+            q = eps * np.eye(V)[token] + (1 - eps) * pi
+            want += np.sum(np.where(q > 0, q * np.log(np.where(q > 0, q, 1.0) / prior), 0.0))
+        with jax.enable_x64(True):
+            np.testing.assert_allclose(L.prior_kl(jnp.array([x0]), process), [want], rtol=2e-7)
+        np.testing.assert_allclose(L.prior_kl(jnp.array([x0]), process), [want], rtol=2e-5)
+
+
+def test_discrete_time_elbo_steps_back_one_grid_step_clipped_at_zero():
+    """s = max(t - 1/num_steps, 0): with num_steps 2, t = 0.3 and 0.5 step back to s = 0, t = 0.8 and 1 to 0.3 and 0.5;
+    the value is num_steps * KL(q(x_s | x_t, x0) || p(x_s | x_t)) per position, summed."""
+    t = jnp.array([0.3, 0.5, 0.8, 1.0])
+    s = jnp.array([0.0, 0.0, 0.3, 0.5])
+    for process in (UNIFORM, MASKING):
+        x0, xt, logits = _problem(process, seed=4)
+        xt, _ = process.corrupt(jax.random.key(9), x0, t)
+        got = L.discrete_time_elbo(logits, x0, xt, t, process, num_steps=2)
+        model = np.asarray(process.posterior_probs(xt, jax.nn.softmax(logits), s, t), np.float64)
+        data = np.asarray(process.posterior_probs(xt, jax.nn.one_hot(x0, V), s, t), np.float64)
+        kl = np.sum(data * np.log(np.where(data > 0, data / np.where(data > 0, model, 1.0), 1.0)), axis=-1)
+        np.testing.assert_allclose(got, 2 * kl.sum(-1), rtol=1e-4, atol=1e-6)
+
+
+def test_masked_token_cross_entropy_with_no_masked_position_and_with_one():
+    probs = jnp.array([0.25, 0.75, 0.0])
+    logits = jnp.broadcast_to(jnp.log(probs + 1e-30), (2, 2, 3))
+    x0 = jnp.array([[1, 0], [0, 1]])
+    np.testing.assert_array_equal(L.masked_token_cross_entropy(logits, x0, x0, mask_id=2), [0.0, 0.0])
+    one = L.masked_token_cross_entropy(logits, x0, jnp.array([[1, 2], [0, 1]]), mask_id=2)  # only (0, 1): p = 0.25
+    np.testing.assert_allclose(one, [2 * math.log(4), 0.0], rtol=1e-5)
+
+
+def test_reconstruction_nll_sums_over_the_loss_positions_only():
+    x0, xt, logits = _problem(MASKING, seed=6)
+    xt = jnp.where(jnp.arange(LEN) % 2 == 0, MASKING.mask_id, x0)  # every other position masked
+    keep = jnp.zeros((B, LEN), bool).at[:, :4].set(True)
+    full = L.reconstruction_nll(logits, x0, xt, MASKING)
+    part = L.reconstruction_nll(logits, x0, xt, MASKING, keep)
+    rest = L.reconstruction_nll(logits, x0, xt, MASKING, ~keep)
+    np.testing.assert_allclose(part + rest, full, rtol=1e-6)
+    assert np.all(np.asarray(rest) > 0) and np.all(np.asarray(part) > 0)
+
+
+def test_discrete_time_elbo_with_one_step_and_a_loss_mask():
+    x0, xt, logits = _problem(UNIFORM, seed=7)
+    one_step = L.discrete_time_elbo(logits, x0, xt, TIMES, UNIFORM, num_steps=1)  # s = 0 for every t <= 1
+    assert np.all(np.isfinite(np.asarray(one_step))) and np.all(np.asarray(one_step) > 0)
+    keep = jnp.zeros((B, LEN), bool).at[:, 2:].set(True)
+    part = L.discrete_time_elbo(logits, x0, xt, TIMES, UNIFORM, 5, keep)
+    rest = L.discrete_time_elbo(logits, x0, xt, TIMES, UNIFORM, 5, ~keep)
+    np.testing.assert_allclose(part + rest, L.discrete_time_elbo(logits, x0, xt, TIMES, UNIFORM, 5), rtol=1e-5)
+
+
+def test_autoregressive_cross_entropy_of_an_example_without_targets_is_zero():
+    probs = jnp.full((2, 3, 4), 0.25)
+    tokens = jnp.array([[0, 1, 2], [3, 2, 1]])
+    mean, count = L.autoregressive_cross_entropy(jnp.log(probs), tokens, jnp.array([[True] * 3, [True, False, False]]))
+    np.testing.assert_array_equal(count, [2, 0])
+    np.testing.assert_allclose(mean, [math.log(4), 0.0], rtol=1e-6)

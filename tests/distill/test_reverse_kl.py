@@ -2,6 +2,7 @@
 against its exact value on an enumerable canvas, and the policy gradient against the exact gradient of
 KL(student || teacher) computed by enumerating every canvas."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hackable_diffusion.diffusion.processes import MaskingProcess
+from hackable_diffusion.diffusion.processes import MaskingProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.distill import methods
 from hackable_diffusion.distill.reverse_kl import (
@@ -204,3 +205,92 @@ def test_reverse_kl_refuses_a_uniform_run_and_a_group_of_one():
     model, teacher = tiny(0)
     with pytest.raises(ValueError, match="group_size"):
         ReverseKLLoss(model, teacher, sampler(), group_size=1)
+
+
+def test_reverse_kl_refuses_samplers_whose_path_it_cannot_score_and_needs_an_elbo_draw():
+    model, teacher = tiny(0)
+    uniform = sampler().replace(process=UniformProcess(VOCAB, LinearSchedule()))
+    with pytest.raises(ValueError, match="needs a masking run"):
+        ReverseKLLoss(model, teacher, uniform)
+    with pytest.raises(ValueError, match="plain passes"):
+        ReverseKLLoss(model, teacher, sampler().replace(token_shift=True))
+    with pytest.raises(ValueError, match="elbo_draws=0 >= 1"):
+        ReverseKLLoss(model, teacher, sampler(), elbo_draws=0)
+    assert ReverseKLLoss(model, teacher, sampler(), group_size=2, elbo_draws=1).elbo_draws == 1
+
+
+def test_the_metrics_are_the_per_token_costs_of_the_rolled_out_canvases():
+    """cost = (log q - beta log p) / free tokens per canvas; the metrics are its mean, the mean of -log q and log p per
+    free token, and the mean over prompts of the cost's spread within a prompt's group. One prompt has a fixed
+    position, so its canvases have one free token."""
+    model, teacher = tiny(0)
+    _, student = tiny(1)
+    beta = 1.5
+    loss = ReverseKLLoss(model, teacher, sampler(), group_size=3, elbo_draws=2, target_sharpness=beta)
+    two = batch(copies=2)
+    two = dict(two, fixed=jnp.array([[True, False], [False, False]]), canvas_tokens=jnp.array([[5, 0], [0, 0]]))
+    key = jax.random.key(3)
+    _, metrics = loss(student, two, key)
+    rollout_key, elbo_key = jax.random.split(key)
+    start, trajectory, fixed = loss.rollout(student, two, rollout_key)
+    np.testing.assert_array_equal(trajectory[-1][0::2, 0], 5)  # the fixed position kept its token
+    log_q = jnp.sum(loss.student_path_log_probs(student, two, start, trajectory)[0], axis=0)
+    log_p = loss.teacher_elbo(two, trajectory[-1], fixed, elbo_key)
+    free = jnp.sum(~fixed, axis=-1)
+    np.testing.assert_array_equal(free, [1, 2, 1, 2, 1, 2])
+    cost = (log_q - beta * log_p) / free
+    np.testing.assert_allclose(metrics["cost_per_token"], jnp.mean(cost), rtol=1e-5)
+    np.testing.assert_allclose(metrics["student_nll_per_token"], -jnp.mean(log_q / free), rtol=1e-5)
+    np.testing.assert_allclose(metrics["teacher_elbo_per_token"], jnp.mean(log_p / free), rtol=1e-5)
+    spread = np.mean([np.std(np.asarray(cost)[prompt::2]) for prompt in range(2)])
+    np.testing.assert_allclose(metrics["cost_std_in_group"], spread, rtol=1e-5)
+
+
+def test_the_loss_defaults_are_the_distillation_method_defaults():
+    """ReverseKLLoss and config.distill's ReverseKLDistillation state the same defaults (group size, ELBO draws,
+    sharpness, target temperature, shared noise, exact entropies)."""
+    method = {f.name: f.default for f in dataclasses.fields(methods.ReverseKLDistillation)}
+    loss = {f.name: f.default for f in dataclasses.fields(ReverseKLLoss) if f.default is not dataclasses.MISSING}
+    assert set(loss) == {"group_size", "elbo_draws", "target_sharpness", "target_temperature", "shared_noise",
+                         "exact_entropy"}  # fmt: skip
+    assert loss == {name: method[name] for name in loss}
+
+
+def test_the_student_path_log_probability_of_a_three_step_rollout_matches_plain_passes():
+    """Each step's log q read from one pass per state (start, then the trajectory but its last canvas), against
+    `path_log_probs` over plain per-canvas passes; three steps, so the states and the final canvas are not the
+    trajectory's first and second entries by accident."""
+    model, teacher = tiny(0)
+    _, student = tiny(1)
+    smp = sampler(steps=3, canvas=3)
+    loss = ReverseKLLoss(model, teacher, smp, group_size=2, elbo_draws=1)
+    three = dict(batch(), canvas_tokens=jnp.zeros((1, 3), jnp.int32), fixed=jnp.zeros((1, 3), bool))
+    start, trajectory, _ = loss.rollout(student, three, jax.random.key(2))
+    assert trajectory.shape == (3, 2, 3) and not np.array_equal(trajectory[1], trajectory[2])
+    got = loss.student_path_log_probs(student, three, start, trajectory)[0]
+    logits = jnp.stack([canvas_logits(model, student, state) for state in (start, trajectory[0], trajectory[1])])
+    temperatures = jnp.array([smp.temperature(t) for t in (1.0, 2 / 3, 1 / 3)], jnp.float32)
+    committed = commit_steps(start, trajectory, M)
+    want = path_log_probs(logits, trajectory[-1], committed, temperatures, smp.logit_bias())
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_loss_is_frozen():
+    model, teacher = tiny(0)
+    loss = ReverseKLLoss(model, teacher, sampler())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loss.group_size = 8
+
+
+def test_a_zero_target_temperature_reads_the_samplers_temperature():
+    """target_temperature 0 divides the teacher's logits by the sampler's temperature at each draw's t (below 1 for
+    this sampler's schedule, so sharper than target temperature 1): finite, and not the estimate at temperature 1."""
+    model, teacher = tiny(0)
+    smp = sampler()
+    assert float(smp.temperature(0.3)) < 1.0
+    tokens, fixed, key = jnp.array([[4, 6], [5, 5]]), jnp.zeros((2, 2), bool), jax.random.key(1)
+    own = ReverseKLLoss(model, teacher, smp, group_size=2, elbo_draws=4, target_temperature=0.0)
+    one = ReverseKLLoss(model, teacher, smp, group_size=2, elbo_draws=4, target_temperature=1.0)
+    got = np.asarray(own.teacher_elbo(batch(), tokens, fixed, key))
+    assert np.all(np.isfinite(got))
+    assert not np.allclose(got, one.teacher_elbo(batch(), tokens, fixed, key), rtol=1e-3)

@@ -52,7 +52,7 @@ def test_a_quantized_run_samples_and_scores_like_its_source(trained_text_runs, t
     )
 
     assert quantize_run(source, str(out))["step"] == 2  # rewriting its own output is allowed
-    with pytest.raises(ValueError, match="must differ from --workdir"):
+    with pytest.raises(ValueError, match="overlaps --workdir"):
         quantize_run(source, source)
     with pytest.raises(ValueError, match="already a quantized run"):
         quantize_run(str(out), str(tmp_path / "again"))

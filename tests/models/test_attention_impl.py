@@ -14,6 +14,7 @@ from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models.config import TransformerConfig
+from hackable_diffusion.sampling.generate import prefill
 
 ATOL = 2e-5
 
@@ -105,3 +106,30 @@ def test_per_head_products_for_few_tokens_equal_the_einsums():
         L.to_heads(many, weights["td,ndh->tnh"], jnp.float32),
         L.token_einsum("td,ndh->tnh", many, weights["td,ndh->tnh"], jnp.float32),
     )
+
+
+@pytest.mark.parametrize("window", ["per_token", "cache_tail"])
+def test_training_decodes_each_canvas_as_sampling_does_under_both_window_conventions(window):
+    """The training objective decodes every canvas of a sequence in one call; under either decoder-window convention
+    each canvas's logits equal those of sampling, which decodes that canvas alone against the cached clean prefix
+    (under `cache_tail` the local layers' window is counted from each query's own canvas, past the window here)."""
+    cfg = TransformerConfig.from_dict(dict(presets.tiny(moe=False), decoder_window=window))
+    assert cfg.sliding_window < 24  # canvases 2 and 3 sit past the window
+    model = T.Transformer(cfg)
+    params = T.init_params(model, jax.random.key(0))
+    b, l, c = 1, 32, 8
+    clean = jax.random.randint(jax.random.key(1), (b, l), 4, 64)
+    noisy = jax.random.randint(jax.random.key(2), (b, l), 4, 64)
+    token_mask = jnp.ones((b, l), bool)
+    _, cache = T.append(model, params, clean, init_cache(cfg, b, l), token_mask=token_mask)
+    canvas_of = jnp.arange(l) // c
+    prefix = (canvas_of[None, :, None] > canvas_of[None, None, :]) & cache.valid[:, None, :]
+    own_canvas = (canvas_of[:, None] == canvas_of[None, :])[None] & token_mask[:, None, :]
+    training, _ = T.decode_block(
+        model, params, noisy, cache, token_mask=token_mask, prefix_mask=jnp.broadcast_to(prefix, (b, l, l)),
+        positions=T.positions_from_mask(token_mask), self_mask=own_canvas,
+    )
+    for k in (1, 3):
+        _, prompt_cache = prefill(model, params, clean[:, : k * c], jnp.ones((b, k * c), bool), cache_length=k * c + c)
+        sampling, _ = T.decode_block(model, params, noisy[:, k * c : (k + 1) * c], prompt_cache)
+        np.testing.assert_allclose(sampling, training[:, k * c : (k + 1) * c], atol=5e-5)

@@ -71,6 +71,7 @@ def test_a_trajectory_scored_run_records_the_order_and_resumes_exactly(source_ru
     def trajectory(steps):
         r = rl_config(config, source, steps=steps)
         r.rl.scorer, r.rl.trajectory_passes_per_forward = "trajectory", 2
+        r.rl.prompt_mask_prob = 0.0  # the sampler's own probability: the prompt is never masked
         return r
 
     command.run_rl(trajectory(4), str(tmp_path / "whole"))
@@ -115,6 +116,25 @@ def test_dynamic_sampling_draws_again_for_tied_groups(source_run, tmp_path):
         assert row["draws"] == 2.0 or row["groups_used"] == 1.0, row
 
 
+def test_steps_without_an_informative_group_are_reported_skipped(source_run, tmp_path):
+    """Exact rewards: the tiny model solves nothing, every group ties; with rl.skip_uninformative_steps each step
+    reports apply_update = 0, the step counter advances and the weights stay the starting ones bit for bit (that the
+    optimizer state and EMA stay too, where AdamW alone would move the weights, is test_rl_reference.py's)."""
+    config, source = source_run
+    r = rl_config(config, source, steps=2)
+    r.rl.shaped_reward, r.rl.skip_uninformative_steps = False, True
+    command.run_rl(r, str(tmp_path / "rl"))
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [row for row in rows if row.get("split") == "train"]
+    assert len(train_rows) == 2
+    assert all(row["groups_used"] == 0.0 and row["apply_update"] == 0.0 for row in train_rows), train_rows
+    after, step = final_params(tmp_path / "rl")
+    start = toolbox.load_toolbox_params(source, weights="ema")[0]
+    assert step == 2
+    for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_evaluate_reads_an_rl_run(source_run, tmp_path):
     config, source = source_run
     r = rl_config(config, source, steps=2, objective="wd1")
@@ -149,9 +169,11 @@ def test_bad_rl_settings_stop_with_one_line(tmp_path, override, message):
 
 def test_expert_iteration_runs_on_search_rollouts_and_trains_on_the_accepted_grids(source_run, tmp_path):
     """One completion per puzzle from the paced search on 2 symmetric copies (the rules do most of the work on the
-    tiny puzzles): the accepted share is the solve rate, and training on those grids moves the weights."""
+    tiny puzzles): the accepted share is the solve rate, and training on those grids moves the weights, also with
+    rl.skip_uninformative_steps (groups of one always tie: the gate reads the accepted rows)."""
     config, source = source_run
     r = rl_config(config, source, steps=2, objective="expert_iteration")
+    r.rl.skip_uninformative_steps = True
     r.rl.prompts_per_rollout, r.rl.group_size, r.rl.kl_beta, r.rl.shaped_reward, r.rl.elbo_draws = 8, 1, 0.0, False, 1
     r.solver.rules, r.solver.search, r.solver.search_paced = True, True, True
     r.solver.pass_budget, r.solver.parallel_attempts = 6, 2

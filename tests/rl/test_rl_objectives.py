@@ -108,11 +108,13 @@ def test_every_objective_raises_the_expected_reward_to_the_optimum(name):
     assert after > 0.9, (name, before, after)  # the optimum is 1.0 (always (5, 5))
 
 
-def test_ar_grpo_gradient_equals_reinforce_by_enumeration():
-    """On-policy (ratio 1), no KL: GRPO's gradient is -mean_i A_i / |o_i| grad log pi(o_i); log pi(o_i) here comes
-    from separate forward passes over each prefix (no shifted logits), summed by hand."""
+@pytest.mark.parametrize("normalization", ["paper", "row_mean"])
+def test_ar_grpo_gradient_equals_reinforce_by_enumeration(normalization):
+    """On-policy (ratio 1), no KL: d1's GRPO gradient is -sum_i A_i grad log pi(o_i) / sum_i |o_i| (every row's
+    tokens counted), the per-row mean's -mean_i over every row of A_i / |o_i| grad log pi(o_i); log pi(o_i) here
+    comes from separate forward passes over each prefix (no shifted logits), summed by hand."""
     model, params = tiny(seed=3)
-    objective = rl.ArGRPO(AutoregressiveScorer(model))
+    objective = rl.ArGRPO(AutoregressiveScorer(model), normalization=normalization)
     batch = make_batch(objective.scorer, params, jax.random.key(7), group_size=8, groups=2)
 
     def log_pi(p, row):
@@ -127,7 +129,9 @@ def test_ar_grpo_gradient_equals_reinforce_by_enumeration():
             batch["advantages"][i] * batch["valid"][i] * log_pi(p, batch["tokens"][i]) / 2.0
             for i in range(len(batch["tokens"]))
         ]
-        return -sum(terms) / jnp.maximum(jnp.sum(batch["valid"]), 1.0)
+        # every row has |o_i| = 2 completion tokens, so d1's token count is 2 x the rows, and the per-row mean over
+        # every row (a tied group's too) is the same sum
+        return -sum(terms) / len(batch["tokens"])
 
     expected = jax.grad(reinforce)(params)
     got = jax.grad(lambda p: objective(p, batch, jax.random.key(0))[0])(params)

@@ -2,6 +2,7 @@
 top-k with its scores, counts and sure positions, ancestral MD4 unmasking, ReMDM remasking, Gumbel noise, and the
 factory's errors."""
 
+import dataclasses
 import math
 
 import jax
@@ -277,3 +278,231 @@ def test_unknown_names_raise():
             S.make_selection("top_k_margin", count=count, count_exponent=exponent)
     with pytest.raises(ValueError, match="exponent must be > 0"):
         S.PowerCount(0.0)
+
+
+def test_neg_logit_removes_a_token_from_the_softmax_and_stays_finite():
+    got = jax.nn.softmax(jnp.array([0.0, 2.0, S.NEG_LOGIT]))
+    np.testing.assert_allclose(got, [*jax.nn.softmax(jnp.array([0.0, 2.0])).tolist(), 0.0], rtol=1e-6)
+    assert np.isfinite(np.float32(S.NEG_LOGIT) * 2)
+
+
+def test_top_k_ties_go_to_the_lower_index_in_a_long_row():
+    scores = jnp.zeros((2, 300)).at[1, 150:].set(1.0)  # row 0: all tied; row 1: the upper half tied higher
+    chosen = S.top_k_mask(scores, jnp.ones((2, 300), bool), jnp.array([5, 5]))
+    np.testing.assert_array_equal(np.flatnonzero(chosen[0]), np.arange(5))
+    np.testing.assert_array_equal(np.flatnonzero(chosen[1]), 150 + np.arange(5))
+
+
+def test_confidence_of_the_candidate_and_of_the_top_from_logits_and_from_their_summary():
+    probs = jnp.array([[[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]]])
+    logits = logits_from_probs(probs)
+    candidates = jnp.array([[2, 0]])
+    summary = S.LogitSummary(
+        max=logits.max(-1),
+        argmax=logits.argmax(-1),
+        second=jnp.sort(logits, -1)[..., -2],
+        sumexp=jnp.sum(jnp.exp(logits - logits.max(-1, keepdims=True)), -1),
+        entropy=S.entropy(logits),
+        at_candidate=jnp.take_along_axis(logits, candidates[..., None], -1)[..., 0],
+    )
+    for source in (logits, summary):
+        np.testing.assert_allclose(S.Confidence()(source, candidates), [[0.2, 0.1]], rtol=1e-5)
+        np.testing.assert_allclose(S.Confidence(of_top=True)(source, candidates), [[0.5, 0.6]], rtol=1e-5)
+
+
+def test_scores_counts_and_rules_are_frozen_and_a_rule_of_ones_own_must_be_too():
+    things = [S.Confidence(), S.Margin(), S.NegEntropy(), S.DilatedOrder(), S.LeftToRight(), S.ScheduleCount()]
+    things += [S.CosineCount(), S.EvenCount(), S.PowerCount(), S.TopK(), S.Ancestral(), S.EntropyBound()]
+    for thing in things + [S.ConfidenceThreshold(), S.ReMDMCap(), S.ReMDMRescale()]:
+        hash(thing)  # static arguments of the jitted sampler
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            thing.extra = 1
+    with pytest.raises(TypeError, match="frozen"):
+
+        @dataclasses.dataclass
+        class Mutable(S.SelectionRule):
+            def __call__(self, keys, logits, candidates, undecided, info):
+                return undecided, undecided
+
+
+def test_schedule_count_is_the_expected_number_unmasked_at_the_step():
+    """#undecided (alpha_s - alpha_t) / (1 - alpha_t), rounded (masking); #free alpha_s without persistence."""
+    n = jnp.array([6, 9])
+    at = info(step=1, num_steps=4, shape=(2, 9))  # t = 0.75, s = 0.5: alpha_t ~ 0.25, alpha_s ~ 0.5
+    np.testing.assert_array_equal(S.ScheduleCount()(n, at), [2, 3])  # 6 / 3, 9 / 3
+    uniform = info(step=1, num_steps=4, shape=(2, 9), persistent=False)
+    np.testing.assert_array_equal(S.ScheduleCount()(n, uniform), [3, 4])  # round(3.0), round(4.5) to even
+
+
+def test_cosine_count_follows_maskgits_cosine_of_the_steps_done():
+    """After step i, floor(#free cos(pi/2 (i+1)/S)) stay masked: 10 free, S = 4 -> 9, 7, 3, 0 still masked."""
+    n_free, steps = 10, 4
+    undecided, want = 10, []
+    for step in range(steps):
+        k = int(S.CosineCount()(jnp.array([undecided]), info(step=step, num_steps=steps, shape=(1, n_free)))[0])
+        want.append(k)
+        undecided -= k
+    assert want == [1, 2, 4, 3]
+
+
+def test_power_count_defaults_to_the_square_and_remdm_to_the_papers_etas():
+    n, steps = 16, 4  # decided after step i: round(16 ((i + 1) / 4)^2) = 1, 4, 9, 16
+    undecided, got = n, []
+    for step in range(steps):
+        k = int(S.PowerCount()(jnp.array([undecided]), info(step=step, num_steps=steps, shape=(1, n)))[0])
+        got.append(k)
+        undecided -= k
+    assert got == [1, 3, 5, 7]
+    assert (S.ReMDMCap().eta, S.ReMDMRescale().eta) == (0.008, 0.015)
+
+
+def test_which_rules_take_a_logit_summary():
+    assert S.EntropyBound().chunkable() and S.Ancestral().chunkable() and S.ReMDMCap().chunkable()
+    assert S.TopK(score=S.Margin()).chunkable() and S.ConfidenceThreshold().chunkable()
+
+
+def test_ancestral_draws_one_row_of_uniforms_per_batch_row():
+    keys = jax.random.split(jax.random.key(4), 3)
+    undecided = jnp.ones((3, 5), bool)
+    at = info(step=1, num_steps=4, shape=(3, 5))
+    accept, remask = S.Ancestral()(keys, None, None, undecided, at)
+    assert accept.shape == remask.shape == (3, 5)
+    np.testing.assert_array_equal(accept, S.row_uniform(keys, (5,)) < (at.alpha_s - at.alpha_t) / (1 - at.alpha_t))
+
+
+def test_top_k_refuses_a_zero_threshold_and_confidence_threshold_accepts_a_score_equal_to_tau():
+    with pytest.raises(ValueError, match="also_above must lie in"):
+        S.TopK(also_above=0.0)
+    logits = jnp.zeros((1, 3, 2)).at[0, 2, 0].set(5.0)  # positions 0 and 1: confidence exactly 0.5
+    rule = S.ConfidenceThreshold(tau=0.5)
+    accept, _ = rule(KEYS1, logits, jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 3), bool), info(shape=(1, 3)))
+    np.testing.assert_array_equal(accept, [[True, True, True]])
+
+
+def test_gumbel_top_1_picks_a_position_with_probability_softmax_of_score_over_scale():
+    """Gumbel-top-k: with k = 1 the chosen position is distributed as softmax(score / gumbel_scale)."""
+    rows, c = 8000, jnp.array([0.2, 0.5, 0.9])
+    logits = jnp.broadcast_to(jnp.log(jnp.stack([c, 1 - c], -1)), (rows, 3, 2))
+    rule = S.TopK(score=S.Confidence(), count=S.ScheduleCount(), gumbel_scale=0.5)
+    keys = jax.random.split(jax.random.key(7), rows)
+    undecided = jnp.ones((rows, 3), bool)
+    accept, _ = rule(keys, logits, jnp.zeros((rows, 3), jnp.int32), undecided, info(num_steps=3, shape=(rows, 3)))
+    assert np.all(np.asarray(accept).sum(-1) == 1)
+    np.testing.assert_allclose(np.asarray(accept).mean(0), jax.nn.softmax(c / 0.5), atol=0.02)
+
+
+def test_margin_from_logits_and_from_their_summary():
+    probs = jnp.array([[[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]]])
+    logits = logits_from_probs(probs)
+    top = jnp.sort(logits, -1)
+    summary = S.LogitSummary(
+        max=top[..., -1],
+        argmax=logits.argmax(-1),
+        second=top[..., -2],
+        sumexp=jnp.sum(jnp.exp(logits - top[..., -1:]), -1),
+        entropy=S.entropy(logits),
+        at_candidate=top[..., -1],
+    )
+    for source in (logits, summary):
+        np.testing.assert_allclose(S.Margin()(source, None), [[0.2, 0.3]], rtol=1e-5)
+
+
+def test_dilated_rank_of_a_length_that_is_not_a_power_of_two():
+    # levels: 0 first, then 4 (divisible by 4), then 2, then the odd positions by index
+    np.testing.assert_array_equal(S.dilated_rank(6), [0, 3, 2, 4, 1, 5])
+
+
+def test_power_count_without_persistence_counts_from_nothing_decided():
+    uniform = info(step=1, num_steps=4, shape=(1, 16), persistent=False)  # decided after step 1: round(16 / 4) = 4
+    np.testing.assert_array_equal(S.PowerCount()(jnp.array([16]), uniform), [4])
+
+
+def test_the_rule_base_class_is_abstract_and_a_rule_of_ones_own_neither_remasks_nor_takes_a_summary():
+    with pytest.raises(TypeError, match="abstract"):
+        S.SelectionRule()
+
+    @dataclasses.dataclass(frozen=True)
+    class Everything(S.SelectionRule):
+        def __call__(self, keys, logits, candidates, undecided, info):
+            return undecided, jnp.zeros_like(undecided)
+
+    assert not Everything.remasks and not Everything().chunkable()
+    assert S.ReMDMCap.remasks and not S.TopK.remasks and not S.EntropyBound.remasks
+
+
+def test_entropy_bound_defaults_to_diffusiongemmas_gamma_refuses_a_negative_one_and_breaks_ties_by_index():
+    assert S.EntropyBound().gamma == 0.1  # SampleFromPredictions(entropy_bound=0.1)
+    with pytest.raises(ValueError):
+        S.EntropyBound(gamma=-0.5)
+    # 300 positions of equal entropy ln 2: the exclusive sums 0, ln 2, 2 ln 2 are within 2.5 ln 2, so 3 are accepted,
+    # the first three
+    rule = S.EntropyBound(gamma=2.5 * math.log(2))
+    accept, _ = rule(KEYS1, jnp.zeros((1, 300, 2)), jnp.zeros((1, 300), jnp.int32), jnp.ones((1, 300), bool),
+                     info(shape=(1, 300)))  # fmt: skip
+    np.testing.assert_array_equal(np.flatnonzero(accept[0]), [0, 1, 2])
+
+
+def test_rule_arguments_are_checked_at_their_bounds():
+    closed_ends = [S.TopK(also_above=1.0), S.TopK(gumbel_scale=0.0), S.ReMDMCap(eta=0.0)]  # built, not refused
+    closed_ends += [S.ConfidenceThreshold(tau=0.0), S.ConfidenceThreshold(tau=1.0)]
+    assert [rule.remasks for rule in closed_ends] == [False, False, True, False, False]
+    bad = [lambda: S.TopK(gumbel_scale=-0.5), lambda: S.ConfidenceThreshold(tau=-0.5),
+           lambda: S.ConfidenceThreshold(tau=1.5), lambda: S.ReMDMCap(eta=-0.5)]  # fmt: skip
+    for make in bad:
+        with pytest.raises(ValueError):
+            make()
+    with pytest.raises(TypeError, match="abstract"):
+        S._ReMDM()  # sigma is left to the subclasses
+
+
+def test_top_k_also_above_accepts_a_score_equal_to_the_threshold():
+    logits = jnp.zeros((1, 3, 2)).at[0, 2, 0].set(5.0)  # positions 0 and 1: confidence exactly 0.5
+    rule = S.TopK(score=S.Confidence(), count=S.ScheduleCount(), also_above=0.5)  # the count alone takes position 2
+    accept, _ = rule(KEYS1, logits, jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 3), bool), info(shape=(1, 3)))
+    np.testing.assert_array_equal(accept, [[True, True, True]])
+
+
+@pytest.mark.parametrize("rule, sigma", [(S.ReMDMCap(eta=0.3), 0.3), (S.ReMDMRescale(eta=0.5), 0.25)])
+def test_remdm_unmasks_and_remasks_with_the_posterior_probabilities(rule, sigma):
+    """Step 2 of 4 (t = 0.5, s = 0.25): sigma_max = min(1, (1 - alpha_s) / alpha_t) ~ 0.5, so cap 0.3 gives sigma 0.3 and
+    rescale 0.5 gives 0.25; unmask with (alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t), remask a decided token with
+    sigma, each against the position's one uniform. The last step unmasks everything and remasks nothing."""
+    keys = jax.random.split(jax.random.key(5), 3)
+    undecided = jnp.tile(jnp.array([True, False]), (3, 50))
+    at = info(step=2, num_steps=4, shape=(3, 100))
+    accept, remask = rule(keys, None, None, undecided, at)
+    np.testing.assert_allclose(jnp.minimum(1.0, (1 - at.alpha_s) / at.alpha_t), 0.5, rtol=1e-3)
+    unmask = (at.alpha_s - (1 - sigma) * at.alpha_t) / (1 - at.alpha_t)
+    u = S.row_uniform(keys, (100,))
+    assert 0 < int(accept.sum()) < 150 and 0 < int(remask.sum()) < 150
+    np.testing.assert_array_equal(accept, undecided & (u < unmask))
+    np.testing.assert_array_equal(remask, ~undecided & (u < sigma))
+    accept, remask = rule(keys, None, None, undecided, info(step=3, num_steps=4, shape=(3, 100)))
+    np.testing.assert_array_equal(accept, undecided)
+    assert not np.any(remask)
+
+
+def test_remdm_rescale_eta_is_at_most_one_and_the_named_rules_are_built_as_named():
+    assert S.ReMDMRescale(eta=1.0).eta == 1.0
+    with pytest.raises(ValueError):
+        S.ReMDMRescale(eta=1.5)
+    assert S.make_selection("top_k_top_probability").score == S.Confidence(of_top=True)
+    with pytest.raises(TypeError):
+        S.make_selection("top_k_margin", "cosine")  # the count is keyword-only
+
+
+def test_entropy_and_top_index_with_an_impossible_token():
+    logits = jnp.array([[[0.0, 0.0, -jnp.inf], [1.0, 3.0, 2.0]]])  # p = 0 adds nothing (not 0 * -inf)
+    np.testing.assert_allclose(S.entropy(logits)[0, 0], math.log(2), rtol=1e-6)
+    np.testing.assert_array_equal(S.top_index(logits), [[0, 1]])
+    zeros = jnp.zeros((1, 2))
+    summary = S.LogitSummary(zeros, jnp.array([[2, 0]]), zeros, zeros, zeros, zeros)
+    np.testing.assert_array_equal(S.top_index(summary), [[2, 0]])  # a summary's own argmax
+
+
+def test_counts_without_persistence_count_from_nothing_decided():
+    uniform = info(step=1, num_steps=4, shape=(1, 8), persistent=False)
+    np.testing.assert_array_equal(S.EvenCount()(jnp.array([8]), uniform), [4])  # 2 per step, 2 steps done
+    np.testing.assert_array_equal(S.CosineCount()(jnp.array([8]), uniform), [3])  # 8 - floor(8 cos(pi / 4)) = 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        uniform.step = 2

@@ -1,6 +1,7 @@
 """Sudoku as an RL environment: the reward is the exact checker on every item, garbage scores 0 without raising."""
 
 import numpy as np
+import pytest
 
 from hackable_diffusion.data.tokenizers import MASK_ID
 from hackable_diffusion.tasks.sudoku import generator
@@ -73,6 +74,13 @@ def test_policy_rows_mark_what_the_solver_generated():
     np.testing.assert_array_equal(rows["completion"][1:], puzzles[1:] == 0)
     assert rows["completion"][0].sum() == (puzzles[0] == 0).sum() - 1
     np.testing.assert_array_equal(rows["tokens"][1], SudokuVocab().encode(solutions[1]))
-    ar = policy_rows(puzzles, grids, layout="ar")
-    assert ar["tokens"].shape == (4, 162) and not ar["completion"][:, :81].any()
+    with pytest.raises(ValueError, match="81 digits"):  # the AR sampler draws every cell
+        policy_rows(puzzles, grids, layout="ar")
+    sampled = solutions.copy()
+    given = np.flatnonzero(puzzles[2] != 0)[0]
+    sampled[2, given] = sampled[2, given] % 9 + 1  # the AR sampler changed a given: the reward is 0 ...
+    assert sudoku_reward(puzzles[2:3], sampled[2:3])[0] == 0.0
+    ar = policy_rows(puzzles, sampled, layout="ar")
+    assert ar["tokens"].shape == (4, 162) and not ar["completion"][:, :81].any() and ar["completion"][:, 81:].all()
     np.testing.assert_array_equal(ar["tokens"][1, :81] == MASK_ID, puzzles[1] == 0)
+    np.testing.assert_array_equal(ar["tokens"][:, 81:], SudokuVocab().encode(sampled))  # ... and the row is the sample

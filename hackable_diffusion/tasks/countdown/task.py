@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
+from hackable_diffusion.data.tokenizers import EOS_ID
 from hackable_diffusion.tasks.countdown import data as data_lib
 from hackable_diffusion.tasks.countdown import layouts, scoring
 from hackable_diffusion.tasks.countdown.inference import solve_problems, solve_problems_timed
@@ -122,14 +123,30 @@ class CountdownTask:
     def policy_rows(
         self, exp: Experiment, prompts: Int[np.ndarray, "n p"], completions: Int[np.ndarray, "n c"]
     ) -> dict[str, np.ndarray]:
-        """{"tokens": int32 (n, P + C), "completion": bool (n, P + C)}: the row the policy scored and the C positions
-        it generated; the same for both layouts."""
-        return policy_rows(prompts, completions, int(exp.config.data.prompt_len), int(exp.config.data.completion_len))
+        """{"tokens": int32 (n, P + C), "completion": bool (n, P + C)}: the row the policy scored and the positions
+        it generated: in place, all C (the sampler writes the PAD tail too), or with `rl.stop_at_eos` those up to
+        and including the first EOS, as d1 scores LLaDA's, plus "masked": all C, which the scorer keeps masked (the
+        scored pass must not see where the completion ended); AR, up to and including the first EOS (the sampler
+        stops there and pads: those positions were never drawn, and AR training leaves them out)."""
+        d = exp.config.data
+        ar = layouts.layout_of(exp.config) == "ar"
+        cut = ar or bool(exp.config.get("rl", {}).get("stop_at_eos", False))
+        rows = policy_rows(prompts, completions, int(d.prompt_len), int(d.completion_len), stop_at_eos=cut)
+        if cut and not ar:
+            rows["masked"] = policy_rows(prompts, completions, int(d.prompt_len), int(d.completion_len))["completion"]
+        return rows
 
 
 def policy_rows(
-    prompts: Int[np.ndarray, "n p"], completions: Int[np.ndarray, "n c"], prompt_len: int, completion_len: int
+    prompts: Int[np.ndarray, "n p"],
+    completions: Int[np.ndarray, "n c"],
+    prompt_len: int,
+    completion_len: int,
+    *,
+    stop_at_eos: bool = False,
 ) -> dict[str, np.ndarray]:
+    """The rows [prompt; completion] and the completion positions the policy drew: all C, or with `stop_at_eos` those
+    up to and including the first EOS (all C when there is none), as d1 and wd1 mask their completions."""
     prompts, completions = np.asarray(prompts, np.int32), np.asarray(completions, np.int32)
     n = len(prompts)
     if prompts.shape != (n, prompt_len) or completions.shape != (n, completion_len):
@@ -138,7 +155,11 @@ def policy_rows(
             f"{completions.shape}."
         )
     completion: Bool[np.ndarray, "n l"] = np.zeros((n, prompt_len + completion_len), bool)
-    completion[:, prompt_len:] = True
+    drawn = np.ones((n, completion_len), bool)
+    if stop_at_eos:
+        is_eos = completions == EOS_ID
+        drawn = (np.cumsum(is_eos, axis=1) - is_eos) == 0  # nothing before it is an EOS: up to the first, included
+    completion[:, prompt_len:] = drawn
     return {"tokens": np.concatenate([prompts, completions], axis=1), "completion": completion}
 
 

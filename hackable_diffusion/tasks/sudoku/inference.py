@@ -45,7 +45,7 @@ from jaxtyping import Int
 from hackable_diffusion import builders
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.sampling import generate as gen_lib
-from hackable_diffusion.sampling.canvas import DiffusionSampler, commit_passes, denoise_canvas, row_keys
+from hackable_diffusion.sampling.canvas import DiffusionSampler, commit_passes, denoise_canvas, row_key_data
 from hackable_diffusion.tasks.sudoku import search as search_lib
 from hackable_diffusion.tasks.sudoku.grids import conflicting_cells
 from hackable_diffusion.tasks.sudoku.layouts import layout_of
@@ -293,11 +293,12 @@ def _solve(
     empty_cache = init_cache(exp.model.cfg, b, 1)  # in place: no prefix, every slot invalid
     orders: list[np.ndarray] = []  # record_order: each batch's commit passes, in the order the batches ran
 
-    def run(chunk: np.ndarray, keys: jax.Array, decoder):
-        """Solves up to b puzzles (0 = blank): (grids, steps per row, forward passes of the batch)."""
+    def run(chunk: np.ndarray, keys: np.ndarray, decoder):
+        """Solves up to b puzzles (0 = blank) with their raw keys (`row_key_data`, on the host: indexing and padding
+        them compiles nothing): (grids, steps per row, forward passes of the batch)."""
         real = len(chunk)
         padded = np.concatenate([chunk, np.repeat(chunk[-1:], b - real, axis=0)]) if real < b else chunk
-        keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], b - real, axis=0)]) if real < b else keys
+        keys = np.concatenate([keys, np.repeat(keys[-1:], b - real, axis=0)]) if real < b else keys
         fixed = jnp.asarray(padded != 0)
         tokens = jnp.asarray(vocab.encode(padded))  # givens as digits, blanks as MASK: the prompt, too
         active = jnp.asarray(np.arange(b) < real)
@@ -346,7 +347,7 @@ def _solve(
                 )
         return vocab.decode(np.asarray(grids)[:real]), np.asarray(used)[:real], int(forward_passes)
 
-    def solve_all(grids: np.ndarray, keys: jax.Array, decoder):
+    def solve_all(grids: np.ndarray, keys: np.ndarray, decoder):
         out, used, passes = [], [], 0
         for start in range(0, len(grids), b):
             chunk_out, chunk_used, chunk_passes = run(grids[start : start + b], keys[start : start + b], decoder)
@@ -359,7 +360,7 @@ def _solve(
         """Solves puzzles[rows] and repairs them: (grids, passes per row, batch passes). Row i's keys come from
         fold_in(base_key, i) (round r of repairs: fold_in(fold_in(base_key, r + 1), i)), whatever `rows` holds."""
         given = puzzles[rows]
-        preds, steps, passes = solve_all(given, row_keys(base_key, n)[rows], decoder)
+        preds, steps, passes = solve_all(given, row_key_data(base_key, n)[rows], decoder)
         for round_index in range(rounds):
             # Repair: blank every non-given cell that repeats a digit in its row, column or box and re-decode those
             # cells with the rest held; rows without a conflict are final.
@@ -367,13 +368,13 @@ def _solve(
             todo = np.flatnonzero(bad.any(axis=-1))
             if not len(todo):
                 break
-            round_keys = row_keys(jax.random.fold_in(base_key, round_index + 1), n)[rows[todo]]
+            round_keys = row_key_data(jax.random.fold_in(base_key, round_index + 1), n)[rows[todo]]
             fixed_preds, fixed_steps, round_passes = solve_all(np.where(bad[todo], 0, preds[todo]), round_keys, decoder)
             preds[todo], steps[todo] = fixed_preds, steps[todo] + fixed_steps
             passes += round_passes
         return preds, steps, passes
 
-    warm_up_keys = row_keys(jax.random.key(seed), n)[:b]
+    warm_up_keys = row_key_data(seed, min(n, b))
     for decoder in (first_decoder, restart_decoder):  # compile (and warm up) outside the timed loop
         if decoder is not None and warm_up:
             run(puzzles[:b], warm_up_keys, decoder)
@@ -402,7 +403,10 @@ def _solve(
 def _symmetric_copies(puzzles: Int[np.ndarray, "n 81"], attempts: int):
     """(the group, its (attempts x n, 81) images of the puzzles): copy k of puzzle i is row k*n + i, copy 0 the puzzle."""
     group = grid_symmetries(attempts)
-    return group, np.asarray(group.to_views(jnp.asarray(puzzles))).astype(puzzles.dtype)
+    positions, digits = np.asarray(group.positions), np.asarray(group.tokens)
+    # `group.to_views` on the host: no program compiled for each number of puzzles
+    copies = np.concatenate([digits[k][np.asarray(puzzles)[:, positions[k]]] for k in range(group.num_views)])
+    return group, copies.astype(puzzles.dtype)
 
 
 def _solve_by_search(exp, params, puzzles, settings: SolverSettings, *, batch_size, config) -> SudokuSolution:

@@ -51,10 +51,11 @@ def policy_rows(
     layout: str,
     commit_pass: Int[np.ndarray, "n 81"] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The rows the policy scored: in place, the 81 cells with the filled blanks as the completion; AR, [the puzzle as
-    a prompt (MASK at blanks); the 81 cells], the second half the completion. Blanks a solver left empty are not
-    part of the completion (nothing was generated there). `commit_pass` (in place only: the pass that wrote each
-    cell) is passed through as the rows' `commit_pass`."""
+    """The rows the policy scored, exactly as sampled (the reward reads the same grids): in place, the 81 cells (the
+    sampler holds the givens) with the filled blanks as the completion, blanks a solver left empty not part of it
+    (nothing was generated there); AR, [the puzzle as a prompt (MASK at blanks); the 81 cells the sampler wrote, a
+    changed given included], all 81 the completion (the AR sampler draws every cell; one that is not a digit is
+    refused). `commit_pass` (in place only: the pass that wrote each cell) is passed through as `commit_pass`."""
     vocab = SudokuVocab()
     puzzles, grids = _clean(puzzles), _clean(grids)
     filled = np.where(puzzles != 0, puzzles, grids)
@@ -68,11 +69,15 @@ def policy_rows(
     if commit_pass is not None:
         raise ValueError(f"commit passes are recorded for the in-place layout alone, not {layout!r}.")
     if layout == "ar":
+        if np.any(grids == 0):
+            raise ValueError(
+                "an AR Sudoku row must hold the 81 digits its sampler wrote (every cell is drawn); got a grid with "
+                "empty or non-digit cells."
+            )
         prompt = np.where(puzzles != 0, vocab.encode(puzzles), MASK_ID).astype(np.int32)
-        solution = np.where(filled != 0, cells, vocab.encode(np.ones_like(filled)))  # an empty cell: never scored
-        n = len(cells)
+        n = len(grids)
         return {
-            "tokens": np.concatenate([prompt, solution], axis=1).astype(np.int32),
-            "completion": np.concatenate([np.zeros((n, 81), bool), filled != 0], axis=1),
+            "tokens": np.concatenate([prompt, vocab.encode(grids)], axis=1).astype(np.int32),
+            "completion": np.concatenate([np.zeros((n, 81), bool), np.ones((n, 81), bool)], axis=1),
         }
     raise ValueError(f"RL on Sudoku supports the in-place and AR layouts, not {layout!r}.")

@@ -55,10 +55,14 @@ MODULE_TESTS = {
     "diffusion/elbos.py": ["tests/diffusion/test_elbos.py"],
     "distill/reverse_kl.py": ["tests/distill/test_reverse_kl.py"],
     "sampling/selection.py": ["tests/sampling/test_selection.py"],
-    "rl/objectives.py": ["tests/rl/test_rl_objectives.py"],
-    "rl/advantages.py": ["tests/rl/test_rl_advantages.py"],
-    "rl/scorers.py": ["tests/rl/test_rl_trajectory_scorer.py"],
-    "checkpoints/hf_mapping.py": ["tests/checkpoints/test_hf_mapping.py"],
+    "rl/objectives.py": ["tests/rl/test_rl_reference.py", "tests/rl/test_rl_objectives.py"],
+    "rl/advantages.py": ["tests/rl/test_rl_advantages.py", "tests/rl/test_rl_reference.py"],
+    "rl/scorers.py": [
+        "tests/rl/test_rl_trajectory_scorer.py",
+        "tests/rl/test_rl_stop_at_eos.py",
+        "tests/rl/test_rl_reference.py",
+    ],
+    "checkpoints/hf_mapping.py": ["tests/models/test_hf_checkpoints.py", "tests/models/test_hf_export.py"],
 }
 
 _BINARY = ["Add_Sub", "Sub_Add", "Mul_Div", "Div_Mul", "FloorDiv_Div", "Mod_FloorDiv", "Pow_Mul", "BitAnd_BitOr",

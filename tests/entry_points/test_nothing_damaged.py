@@ -21,7 +21,7 @@ import socket
 import pytest
 from _commands import one_error_line, run_module
 from _tiny_configs import tiny_text_config
-from _tiny_sudoku import tiny_sudoku_config
+from _tiny_sudoku import train_tiny_sudoku_run
 
 from hackable_diffusion import cli, recipes, run_config, train
 from hackable_diffusion.training import workdir_lock
@@ -54,12 +54,7 @@ def refused(call, match: str) -> str:
 @pytest.fixture(scope="module")
 def sudoku_run(tmp_path_factory):
     """(config, run directory) of a tiny Sudoku run trained for 4 steps, one checkpoint."""
-    tmp = tmp_path_factory.mktemp("sudoku_run")
-    config = tiny_sudoku_config("in_place", tmp_path=tmp)
-    config.optimizer.warmup_steps = 2
-    config.train.checkpoint_every, config.train.eval_every = 4, 0
-    train.run(config, str(tmp / "run"), sample_at_end=False)
-    return config, tmp / "run"
+    return train_tiny_sudoku_run(tmp_path_factory.mktemp("sudoku_run"))
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ and the study end to end on a tiny Countdown AR run (arms trained, matched on FL
 import json
 import math
 import pathlib
-import time
+import types
 
 import numpy as np
 import pytest
@@ -52,14 +52,21 @@ def test_rl_flops_count_sampling_scoring_and_updates():
     assert kl == pytest.approx((2 + 2 * 2 * 2 + 4 * 3) * row_forward)
 
 
-def test_a_wall_budget_trains_in_calls_until_it_is_spent(tmp_path):
+def fake_clock(monkeypatch) -> list[float]:
+    """The script's clock replaced by one the test advances: budget logic checked without sleeping or noise."""
+    clock = [1000.0]
+    monkeypatch.setattr(rl_vs_sft, "time", types.SimpleNamespace(perf_counter=lambda: clock[0], time=lambda: clock[0]))
+    return clock
+
+
+def test_a_wall_budget_trains_in_calls_until_it_is_spent(tmp_path, monkeypatch):
     state = rl_vs_sft.ArmState(tmp_path / "arm")
-    calls = []
+    calls, clock = [], fake_clock(monkeypatch)
 
     def train_to(steps):  # 0.02 s start-up + 0.01 s a new step
         new = steps - (calls[-1] if calls else 0)
         calls.append(steps)
-        time.sleep(0.02 + 0.01 * new)
+        clock[0] += 0.02 + 0.01 * new
 
     rl_vs_sft.train_for_wall(state, train_to, wall_s=0.3, first_steps=4, multiple=2)
     assert calls[0] == 4 and calls == sorted(calls) and all(c % 2 == 0 for c in calls)
@@ -68,18 +75,19 @@ def test_a_wall_budget_trains_in_calls_until_it_is_spent(tmp_path):
     assert json.loads((tmp_path / "arm" / "arm.json").read_text())["steps"] == calls[-1]
 
 
-def test_a_wall_budget_leaves_the_start_up_out_of_the_rate_when_the_metrics_time_the_steps(tmp_path):
+def test_a_wall_budget_leaves_the_start_up_out_of_the_rate_when_the_metrics_time_the_steps(tmp_path, monkeypatch):
     folder, calls = tmp_path / "arm", []
     folder.mkdir()
+    clock = fake_clock(monkeypatch)
 
     def train_to(steps):  # 0.15 s start-up, then 0.01 s a step, each step logged with its time as the loop does
         first = calls[-1] if calls else 0
         calls.append(steps)
-        time.sleep(0.15)
+        clock[0] += 0.15
         with open(folder / "metrics.jsonl", "a") as f:
             for step in range(first + 1, steps + 1):
-                time.sleep(0.01)
-                f.write(json.dumps({"step": step, "split": "train", "wall_time": time.time()}) + "\n")
+                clock[0] += 0.01
+                f.write(json.dumps({"step": step, "split": "train", "wall_time": clock[0]}) + "\n")
 
     assert rl_vs_sft.steady_seconds_per_step(folder, 0) is None
     state = rl_vs_sft.ArmState(folder)

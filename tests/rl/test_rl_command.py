@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from _commands import one_error_line, run_module
 from _tiny_countdown import tiny_countdown_config
-from _tiny_sudoku import tiny_sudoku_config
+from _tiny_sudoku import train_tiny_sudoku_run
 
 from hackable_diffusion import experiment, recipes, train
 from hackable_diffusion.checkpoints import toolbox
@@ -19,12 +19,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def source_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("rl_source")
-    c = tiny_sudoku_config("in_place", tmp_path=tmp)
-    c.optimizer.warmup_steps = 2
-    c.train.checkpoint_every, c.train.eval_every = 4, 0
-    train.run(c, str(tmp / "src"), sample_at_end=False)
-    return c, tmp / "src"
+    return train_tiny_sudoku_run(tmp_path_factory.mktemp("rl_source"), name="src")
 
 
 def rl_config(source_config, source_dir, steps, objective="diffu_grpo"):

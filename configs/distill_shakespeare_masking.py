@@ -20,11 +20,12 @@ teacher's quality at 4 steps (results/text/README.md, "The dilated order: the ba
 """
 
 from hackable_diffusion import recipes
+from hackable_diffusion.distill import settings as distill_settings
 
 
 def get_config(method: str = "trajectory"):
     c = recipes.text_experiment("shakespeare", "masking")
-    return recipes.distill_sections(
+    return distill_settings.distill_sections(
         c, checkpoint="runs/shakespeare_masking", method=method or "trajectory", teacher_steps=16, student_steps=4,
         steps=500, batch_size=16, pool_size=4096, peak_lr=3e-4 if method == "reverse_kl" else 1e-4,
     )  # fmt: skip

@@ -22,6 +22,7 @@ methods (`trajectory`, `reverse_kl`) refuse a uniform run. Measured in results/t
 """
 
 from hackable_diffusion import recipes
+from hackable_diffusion.distill import settings as distill_settings
 
 VARIANTS = ("masking_student", "uniform_student", "consistency")
 
@@ -34,7 +35,7 @@ def get_config(variant: str = "masking_student"):
     pool, steps, lr = {"masking_student": (12288, 2000, 1e-3), "uniform_student": (4096, 600, 3e-4)}.get(
         variant, (1024, 200, 3e-4)
     )
-    c = recipes.distill_sections(
+    c = distill_settings.distill_sections(
         recipes.text_experiment("shakespeare", "uniform"), checkpoint="runs/shakespeare_uniform", method=method,
         teacher_steps=16, student_steps=4, steps=steps, batch_size=16, pool_size=pool, peak_lr=lr,
     )  # fmt: skip

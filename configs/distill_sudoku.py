@@ -15,12 +15,13 @@ sets use other generator seeds; only the trajectories that end on the puzzle's s
 """
 
 from hackable_diffusion import recipes
+from hackable_diffusion.distill import settings as distill_settings
 from hackable_diffusion.tasks.sudoku import recipes as sudoku_recipes
 
 
 def get_config(method: str = "trajectory"):
     c = sudoku_recipes.sudoku_in_place_config(steps=1600, depth_loops=2)
-    c = recipes.distill_sections(
+    c = distill_settings.distill_sections(
         c, checkpoint="runs/sudoku_hard", method=method or "trajectory", teacher_steps=12, student_steps=3,
         steps=200, batch_size=8, pool_size=2048, peak_lr=5e-5,
     )  # fmt: skip

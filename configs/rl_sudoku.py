@@ -9,8 +9,9 @@ Rollouts are the one-attempt 12-pass sampler the evaluation uses (top-probabilit
 constraint, every cell at margin >= 0.99 decided at once), tokens drawn at temperature 0.7 so the G = 8 completions
 of a puzzle differ (at temperature 1 the step-500 checkpoint solved none of 64 rollouts: no group had a signal); the
 reward is the exact checker (1 for the solution, else 0). The shaped partial credit (`--config.rl.shaped_reward=True`)
-is off: under the rules constraint nearly every wrong grid earns about the same credit, and the per-group
-standardisation then turns noise into advantages (results/rl/README.md). Prompts: 2,000 generated unique puzzles
+is off: under the rules constraint nearly every wrong grid earns about the same credit, and dividing by the group's
+std (`--config.rl.advantage_scale=std`, the default when that was measured; r - mean, d1's, is the default now)
+turned that noise into unit-size advantages (results/rl/README.md). Prompts: 2,000 generated unique puzzles
 with 22-28 givens (generator seed 3: neither the starting run's training seed 0 nor the held-out sets' 7, 8, 17, 22).
 `--config.rl.objective=wd1|elbo` swaps the objective; `--config.lora.rank=8` trains adapters only;
 `--config.rl.scorer=trajectory` scores each cell at the pass that wrote it (TraceRL; docs/rl.md).
@@ -24,6 +25,7 @@ search); evaluate the one-attempt sampler with `--config.solver.search=False --c
 """
 
 from hackable_diffusion import recipes
+from hackable_diffusion.rl import settings as rl_settings
 from hackable_diffusion.tasks.sudoku import recipes as sudoku_recipes
 
 
@@ -36,7 +38,7 @@ def get_config(objective: str = "diffu_grpo"):
     c.solver.rules = True
     c.eval.num_puzzles = 128
     c.eval.batch_size = 128
-    c = recipes.rl_sections(c, checkpoint="runs/sudoku_hard", objective=objective, steps=100, peak_lr=5e-5)
+    c = rl_settings.rl_sections(c, checkpoint="runs/sudoku_hard", objective=objective, steps=100, peak_lr=5e-5)
     c.rl.temperature = 0.7
     if objective == "expert_iteration":
         c.solver.search, c.solver.search_paced = True, True

@@ -5,11 +5,11 @@
 The same task and objective as configs/sft_shakespeare_lora.py with `lora.rank = 0` and a lower learning rate.
 """
 
-from hackable_diffusion import recipes
+from hackable_diffusion import sft
 
 
 def get_config():
-    return recipes.sft_config(
+    return sft.sft_config(
         init_kind="toolbox",
         checkpoint="runs/quickstart",
         lora_rank=0,

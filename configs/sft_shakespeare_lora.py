@@ -10,11 +10,11 @@ alpha / rank = 2 (the reference has no alpha). Start from a converted Gemma-4 tr
 `--config.lora.rank=0` (see configs/sft_shakespeare_full.py). Writes runs/sft_lora/fused_params (orbax, toolbox layout).
 """
 
-from hackable_diffusion import recipes
+from hackable_diffusion import sft
 
 
 def get_config():
-    c = recipes.sft_config(
+    c = sft.sft_config(
         init_kind="toolbox",
         checkpoint="runs/quickstart",
         lora_rank=8,

@@ -60,6 +60,7 @@ def write_checkpoint(directory: pathlib.Path, gb: float) -> int:
 
     from hackable_diffusion.checkpoints import gemma as gemma_ckpt
     from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.checkpoints import hf_files
     from hackable_diffusion.models.config import TransformerConfig
 
     cfg = TransformerConfig.from_dict(model_shape(gb))
@@ -74,7 +75,7 @@ def write_checkpoint(directory: pathlib.Path, gb: float) -> int:
     )
     hf_ckpt.save_hf(directory, cfg, params, canvas_length=256, max_shard_bytes=10**9)
     del params, jax
-    return hf_ckpt.checkpoint_bytes(directory)
+    return hf_files.checkpoint_bytes(directory)
 
 
 def _status(field: str) -> int:
@@ -92,6 +93,7 @@ def measure(path: str, directory: str, devices: int) -> dict:
 
     from hackable_diffusion.checkpoints import gemma as gemma_ckpt
     from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.checkpoints import hf_files
     from hackable_diffusion.models import partitioning
     from hackable_diffusion.training import sharding
 
@@ -114,7 +116,7 @@ def measure(path: str, directory: str, devices: int) -> dict:
     on_devices = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in leaves.values())
     # what the devices hold: more than the parameters where a leaf is replicated (norms, or a dim no mesh axis divides)
     device_bytes = sum(shard.data.nbytes for x in leaves.values() for shard in x.addressable_shards)
-    size = hf_ckpt.checkpoint_bytes(directory)
+    size = hf_files.checkpoint_bytes(directory)
     return {
         "benchmark": "bench_load",
         "path": path,
@@ -123,7 +125,7 @@ def measure(path: str, directory: str, devices: int) -> dict:
         "param_bytes": on_devices,
         "rss_before_bytes": before,
         "peak_rss_bytes": peak,
-        "rss_after_over_checkpoint": round((after - before) / hf_ckpt.checkpoint_bytes(directory), 3),
+        "rss_after_over_checkpoint": round((after - before) / hf_files.checkpoint_bytes(directory), 3),
         "peak_rss_over_checkpoint": round((peak - before) / size, 3),
         "device_bytes": device_bytes,
         "peak_rss_over_device_bytes": round((peak - before) / device_bytes, 3),
@@ -143,9 +145,9 @@ def main() -> None:
         print(json.dumps(measure(args.measure, args.dir, args.devices)))
         return
     directory = pathlib.Path(args.dir)
-    from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.checkpoints import hf_files
 
-    if not hf_ckpt.is_hf_directory(directory):
+    if not hf_files.is_hf_directory(directory):
         write_checkpoint(directory, args.gb)
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={args.devices}", JAX_PLATFORMS="cpu")
     for path in ("naive", "sharded"):

@@ -59,10 +59,13 @@ from hackable_diffusion.models import quantize as Q
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.models.param_count import EXPERT_LEAVES
+from hackable_diffusion.sampling import autoregressive as ar_lib
 from hackable_diffusion.sampling import generate as gen_lib
-from hackable_diffusion.sampling.canvas import DiffusionSampler, canvas_logits
+from hackable_diffusion.sampling import prompts as prompts_lib
+from hackable_diffusion.sampling.canvas import canvas_logits
 from hackable_diffusion.sampling.draws import DRAWS, make_draw
 from hackable_diffusion.sampling.early_stopping import NoEarlyStop
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 from hackable_diffusion.sampling.selection import SELECTION_RULES, make_selection
 from hackable_diffusion.training.metrics import measure_peak_matmul_flops
 
@@ -253,12 +256,14 @@ def run(args) -> list[dict]:
                 return s
 
         prefill = jax.jit(
-            lambda s, toks: gen_lib.prefill(model, weights(s), toks, prompt_mask, cache_length=cache_length)
+            lambda s, toks: prompts_lib.prefill(model, weights(s), toks, prompt_mask, cache_length=cache_length)
         )
         prefill_s = median_time(lambda: prefill(stored, prompt), repeats)
         history = jnp.asarray(rng.integers(len(SPECIAL_IDS), cfg.vocab_size, (1, context)), jnp.int32)
         fill = jax.jit(
-            lambda prm, toks: gen_lib.prefill(model, prm, toks, jnp.ones_like(toks, bool), cache_length=cache_length)
+            lambda prm, toks: prompts_lib.prefill(
+                model, prm, toks, jnp.ones_like(toks, bool), cache_length=cache_length
+            )
         )
         _, cache = fill(params, history)
         canvas = jnp.full((1, c), SPECIAL_IDS[3], jnp.int32)
@@ -293,7 +298,7 @@ def run(args) -> list[dict]:
         new_tokens = n * c
 
         def ar_generate(max_new):
-            return gen_lib.generate_ar(
+            return ar_lib.generate_ar(
                 model, params, prompt, key=0, max_new_tokens=max_new, stop_tokens=(), forbidden_tokens=SPECIAL_IDS
             ).tokens
 

@@ -22,9 +22,9 @@ import jax
 from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
-from hackable_diffusion.sampling.canvas import DiffusionSampler
 from hackable_diffusion.sampling.early_stopping import NoEarlyStop
 from hackable_diffusion.sampling.generate import generate
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 
 
 def launches(run) -> tuple[int, dict[str, int]]:

@@ -54,8 +54,9 @@ def source_problems(source: str) -> list[str]:
     """What a Gemma-4 `config.json` must change to become a DiffusionGemma here, as `field=value (why)`; [] if
     nothing."""
     from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.checkpoints import hf_files
 
-    hf = hf_ckpt.read_config(source)
+    hf = hf_files.read_config(source)
     text = dict(hf.get("text_config") or hf)
     problems = []
     if hf.get("model_type") not in ("gemma4", hf_ckpt.GEMMA4_TEXT):
@@ -98,7 +99,7 @@ def toolbox_logits(directory: pathlib.Path, seed: int = 0) -> dict[str, np.ndarr
 
     from hackable_diffusion.checkpoints import hf as hf_ckpt
     from hackable_diffusion.models import transformer as T
-    from hackable_diffusion.sampling.generate import prefill
+    from hackable_diffusion.sampling.prompts import prefill
 
     checkpoint = hf_ckpt.load_hf(directory, decoder_window="cache_tail", dtype="float32")
     model, params = T.Transformer(checkpoint.config), checkpoint.params

@@ -13,7 +13,7 @@ peaks and vLLM's measured speed.
    every position's logits, the dispatch's expert rows; bytes = every argument read once) and `ideal_counts` (what
    the step must do). It also parses the optimized HLO for the matmul FLOPs and splits "bytes accessed" by kind.
    `--compare_dispatches sorted,dense` adds the canvas and AR steps at batch 1 with those MoE dispatches.
-3. Predicts step times on H100 SXM, H200 and B200 from their published dense peaks (`costs.HARDWARE`, with sources)
+3. Predicts step times on H100 SXM, H200 and B200 from their published dense peaks (`roofline.HARDWARE`, with sources)
    as a roofline, max(FLOPs / peak, bytes / bandwidth) of the ideal counts: a lower bound on time (no kernel
    efficiency is assumed), in bf16 and FP8 weights (FP8: weight bytes halved, FLOPs at the FP8 peak). Canvas tokens/s
    = batch x 256 / ((steps + 1) x canvas step), the +1 the commit; AR tokens/s = batch / AR step. Time to first
@@ -43,7 +43,7 @@ from typing import Any  # noqa: E402
 
 import jax  # noqa: E402
 
-from hackable_diffusion.aot import costs  # noqa: E402
+from hackable_diffusion.aot import costs, roofline, xla_counts  # noqa: E402
 from hackable_diffusion.models import presets  # noqa: E402
 from hackable_diffusion.models.config import TransformerConfig  # noqa: E402
 
@@ -52,7 +52,7 @@ from hackable_diffusion.models.config import TransformerConfig  # noqa: E402
 class Measured:
     """A published measurement of DiffusionGemma's decode speed."""
 
-    hardware: str  # a key of costs.HARDWARE
+    hardware: str  # a key of roofline.HARDWARE
     weights: str
     steps: int
     batch: int
@@ -108,8 +108,8 @@ def check_program(
 ) -> dict[str, Any]:
     """Compiles `compiled_as`, reads XLA's counts and sets them against the analytic ones (`same_program`: the
     decode programs this compiled program serves, e.g. the 256-token prefill and the commit)."""
-    report, compiled = costs.compile_decode_program(model, compiled_as, cache_slots)
-    xla = costs.xla_costs(compiled)
+    report, compiled = xla_counts.compile_decode_program(model, compiled_as, cache_slots)
+    xla = xla_counts.xla_costs(compiled)
     analytic = costs.compiled_counts(cfg, sizes, compiled_as, cache_slots)
     ideal = {p.name: costs.ideal_counts(cfg, sizes, p, weight_bytes=2, sampler=False) for p in same_program}
     moved = sum(xla["bytes_by_kind"].values())
@@ -168,7 +168,7 @@ def xla_checks(
 def roofline_lines(
     cfg: TransformerConfig,
     sizes: costs.ParamSizes,
-    hardware: Sequence[costs.Hardware],
+    hardware: Sequence[roofline.Hardware],
     weights: Sequence[str],
     batches: Sequence[int],
     steps: Sequence[int],
@@ -182,8 +182,8 @@ def roofline_lines(
             for batch in batches:
                 programs = {}
                 for program in programs_at(batch, canvas, context, prompts):
-                    counts = costs.ideal_counts(cfg, sizes, program, weight_bytes=costs.WEIGHT_FORMATS[fmt])
-                    roof = costs.roofline(counts, hw, fmt)
+                    counts = costs.ideal_counts(cfg, sizes, program, weight_bytes=roofline.WEIGHT_FORMATS[fmt])
+                    roof = roofline.roofline(counts, hw, fmt)
                     weights_share = (
                         counts.bytes_parts["weights"]
                         + counts.bytes_parts["experts"]
@@ -220,7 +220,7 @@ def roofline_lines(
                     "programs": programs,
                     "ttft_s": ttft,
                     "tokens_per_s": {
-                        **{str(s): costs.canvas_tokens_per_s(batch, canvas, s, cv) for s in steps},
+                        **{str(s): roofline.canvas_tokens_per_s(batch, canvas, s, cv) for s in steps},
                         "ar": batch / ar,
                     },
                     "note": "roofline: a lower bound on time; no kernel efficiency assumed",
@@ -244,7 +244,7 @@ def vllm_lines(predictions: Sequence[dict[str, Any]], canvas: int) -> list[dict[
         predicted = pred["tokens_per_s"][str(m.steps)]
         step = pred["programs"]["canvas_step"]
         measured_step_s = m.batch * canvas / ((m.steps + 1) * m.tokens_per_s)
-        hw = costs.HARDWARE[m.hardware]
+        hw = roofline.HARDWARE[m.hardware]
         line = {
             "kind": "vllm",
             "hardware": m.hardware,
@@ -350,7 +350,7 @@ def hardware_table() -> str:
         "| GPU | bf16 TFLOP/s (dense) | FP8 TFLOP/s (dense) | HBM TB/s | memory GB | source |",
         "|---|---:|---:|---:|---:|---|",
     ]
-    for hw in costs.HARDWARE.values():
+    for hw in roofline.HARDWARE.values():
         lines.append(
             f"| {hw.name} | {hw.bf16_tflops:,.1f} | {hw.fp8_tflops:,.1f} | {hw.hbm_tb_per_s} | {hw.memory_gb} | "
             f"{hw.source} |"
@@ -408,7 +408,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--canvas", type=int, default=256)
     p.add_argument("--cache_len", type=int, default=4096, help="cache slots of the compiled programs")
     p.add_argument("--weights", default="bf16,fp8")
-    p.add_argument("--hardware", default=",".join(costs.HARDWARE))
+    p.add_argument("--hardware", default=",".join(roofline.HARDWARE))
     p.add_argument("--dispatch", default="", help="MoE dispatch of the compiled programs (default: the preset's)")
     p.add_argument(
         "--compare_dispatches",
@@ -424,11 +424,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.weights = [w for w in args.weights.split(",") if w]
     args.hardware = [h for h in args.hardware.split(",") if h]
     args.compare_dispatches = [d for d in args.compare_dispatches.split(",") if d]
-    unknown = [h for h in args.hardware if h not in costs.HARDWARE] + [
-        w for w in args.weights if w not in costs.WEIGHT_FORMATS
+    unknown = [h for h in args.hardware if h not in roofline.HARDWARE] + [
+        w for w in args.weights if w not in roofline.WEIGHT_FORMATS
     ]
     if unknown:
-        choices = f"{list(costs.HARDWARE)} / {list(costs.WEIGHT_FORMATS)}"
+        choices = f"{list(roofline.HARDWARE)} / {list(roofline.WEIGHT_FORMATS)}"
         p.error(f"unknown --hardware / --weights {unknown}; choose from {choices}")
     if not args.batches or not args.steps or not args.prompts or min(args.batches + args.steps + args.prompts) < 1:
         p.error("--batches, --steps and --prompts must be positive integers")
@@ -456,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 line = check_program(other, other_cfg, sizes, compiled_as, [program], args.cache_len)
                 print(json.dumps(line), flush=True)
                 checks.append(line)
-    hardware = [costs.HARDWARE[h] for h in args.hardware]
+    hardware = [roofline.HARDWARE[h] for h in args.hardware]
     predictions = roofline_lines(
         cfg, sizes, hardware, args.weights, args.batches, args.steps, args.canvas, args.context, args.prompts
     )

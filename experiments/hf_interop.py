@@ -106,7 +106,7 @@ def toolbox_logits(model, params, batch: dict[str, np.ndarray]) -> dict[str, np.
     import jax.numpy as jnp
 
     from hackable_diffusion.models import transformer as T
-    from hackable_diffusion.sampling.generate import prefill
+    from hackable_diffusion.sampling.prompts import prefill
 
     prompt, canvas = jnp.asarray(batch["prompt"]), jnp.asarray(batch["canvas"])
     out = {"encoder": T.forward(model, params, prompt, causal=True)[0]}
@@ -230,14 +230,15 @@ def check_export(run: pathlib.Path, export: pathlib.Path, *, with_transformers: 
     toolbox's `load_hf`, and (with_transformers) transformers' loading report, logits and `generate`. Returns the
     record; `record["ok"]` says whether every difference is within TOLERANCE and generate ran."""
     from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.checkpoints import hf_files
     from hackable_diffusion.data import tokenizers as tok_lib
     from hackable_diffusion.models import transformer as T
 
     model, params = run_model(run)
     loaded = hf_ckpt.load_hf(export)
-    hf_config = hf_ckpt.read_config(export)
+    hf_config = hf_files.read_config(export)
     text = hf_config.get("text_config", hf_config)
-    shapes = hf_ckpt.tensor_shapes(hf_ckpt.weight_files(export))
+    shapes = hf_files.tensor_shapes(hf_files.weight_files(export))
     stack = hf_ckpt.TEXT_STACK[hf_config["model_type"]]
     record = {
         "model_type": hf_config["model_type"],

@@ -192,9 +192,11 @@ def main():
         from hackable_diffusion.sampling import canvas as canvas_lib
         from hackable_diffusion.sampling.draws import make_draw
         from hackable_diffusion.sampling.early_stopping import NoEarlyStop
+        from hackable_diffusion.sampling.keys import row_keys
+        from hackable_diffusion.sampling.sampler import DiffusionSampler
 
         vocab = model.cfg.vocab_size
-        sampler = canvas_lib.DiffusionSampler(
+        sampler = DiffusionSampler(
             process=UniformProcess(vocab, LinearSchedule(), excluded_ids=(0, 1, 2, 3)),
             canvas_length=args.canvas,
             num_steps=args.loop_steps,
@@ -202,7 +204,7 @@ def main():
             forbidden_tokens=(0, 1, 2, 3),
             draw=make_draw(args.draw),
         )
-        keys = canvas_lib.row_keys(0, b)
+        keys = row_keys(0, b)
         fixed, active = jnp.zeros((b, args.canvas), bool), jnp.ones((b,), bool)
 
         def denoising_loop(p, tokens, c):

@@ -40,7 +40,7 @@ def time_objective(config, objective_name: str, repeats: int) -> dict:
     config.rl.objective = objective_name
     with tempfile.TemporaryDirectory() as workdir:
         run = command.setup(config, workdir)
-        params = run.init_fn(jax.random.key(0))
+        params = run.trainable.init_fn(jax.random.key(0))
         run.stream.make_rollout(params, 0)  # warm-up rollout (compiles the sampler and the scorer)
         with count_compilations() as compiled:  # every rollout after the first reuses its programs: 0 expected
             start = time.perf_counter()
@@ -52,9 +52,9 @@ def time_objective(config, objective_name: str, repeats: int) -> dict:
         for key in ("prompt_masked", "old_log_probs", "ref_log_probs"):
             update[key] = batch[f"inner_{key}"][0]
         update["update_seconds"] = np.zeros_like(batch["rewards"])
-        optimizer = optimizers.make_optimizer(builders.optimizer_config(run.config), run.trainable_mask)
+        optimizer = optimizers.make_optimizer(builders.optimizer_config(run.config), run.trainable.trainable_mask)
         state = TrainState.create(params, optimizer, jax.random.key(1), use_ema=False)
-        step = jax.jit(make_train_step(run.loss_fn, optimizer, trainable_mask=run.trainable_mask))
+        step = jax.jit(make_train_step(run.loss_fn, optimizer, trainable_mask=run.trainable.trainable_mask))
         state, metrics = step(state, update)
         jax.block_until_ready(metrics)
         times = []

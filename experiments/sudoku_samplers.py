@@ -113,7 +113,7 @@ def load_set(puzzle_set, config) -> dict:
 
 
 def score(exp, params, data, config, batch_size=250) -> dict:
-    from hackable_diffusion.tasks.sudoku.task import evaluate_puzzles
+    from hackable_diffusion.tasks.sudoku.held_out import evaluate_puzzles
 
     out = evaluate_puzzles(
         exp,

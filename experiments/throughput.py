@@ -38,10 +38,11 @@ from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.models.param_count import count_params
+from hackable_diffusion.sampling import autoregressive as ar_lib
 from hackable_diffusion.sampling import generate as gen_lib
-from hackable_diffusion.sampling.canvas import DiffusionSampler
 from hackable_diffusion.sampling.draws import DRAWS, make_draw
 from hackable_diffusion.sampling.early_stopping import NoEarlyStop
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 
 GPU_FLOPS = 990e12  # bf16 dense, H100/H200 SXM
 GPU_BYTES_PER_S = 3.35e12  # H100 SXM HBM3 (H200: 4.8e12)
@@ -156,13 +157,13 @@ def measure_trained(args, repeats: int) -> float:
             )
 
         def autoregressive(key=0):
-            return gen_lib.generate_ar(
+            return ar_lib.generate_ar(
                 ar_model,
                 ar_params,
                 prompts,
                 key=key,
                 max_new_tokens=new_tokens,
-                sampling=gen_lib.ARSampling(temperature=float(ar.config.sampler.ar_temperature)),
+                sampling=ar_lib.ARSampling(temperature=float(ar.config.sampler.ar_temperature)),
                 stop_tokens=(),
                 forbidden_tokens=NEVER_GENERATED,
             )
@@ -320,7 +321,7 @@ def main():
                 )
 
             def autoregressive():
-                return gen_lib.generate_ar(
+                return ar_lib.generate_ar(
                     model,
                     params,
                     prompts,

@@ -18,7 +18,7 @@ from hackable_diffusion.data.tokenizers import MASK_ID, NEVER_GENERATED
 from hackable_diffusion.diffusion import adaptation as adaptation_lib
 from hackable_diffusion.diffusion import objectives as obj_lib
 from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess, UniformProcess
-from hackable_diffusion.diffusion.schedules import make_schedule, make_time_sampler
+from hackable_diffusion.diffusion.schedules import make_time_sampler, schedule_from_config
 from hackable_diffusion.diffusion.training_losses import DiffusionLoss, make_diffusion_loss
 from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import transformer as T
@@ -48,7 +48,7 @@ def build_process(config: ml_collections.ConfigDict, vocab_size: int) -> NoisePr
         raise ValueError(f"config.diffusion.process={d.process!r} must be one of {PROCESSES}.")
     if d.process == "none":
         return None
-    schedule = make_schedule(d.schedule, eps=d.schedule_eps)
+    schedule = schedule_from_config(d.schedule)  # `name` + that class's fields (`recipes.schedule_section`)
     if d.process == "masking":
         return MaskingProcess(vocab_size=vocab_size, schedule=schedule, mask_id=MASK_ID)
     return UniformProcess(vocab_size=vocab_size, schedule=schedule, excluded_ids=tuple(d.excluded_ids))

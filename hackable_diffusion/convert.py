@@ -56,9 +56,9 @@ def define_flags(argv: list[str]):
 
 
 def detect_format(path: pathlib.Path) -> str:
-    from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.checkpoints import hf_files
 
-    if hf_ckpt.is_hf_directory(path):
+    if hf_files.is_hf_directory(path):
         return "hf"
     if (path / "config.json").is_file() and ((path / "checkpoints").is_dir() or (path / "fused_params").is_dir()):
         return "workdir"
@@ -210,6 +210,7 @@ def convert(
     as `max_position_embeddings` and its window convention (`check_decoder_window`)."""
     from hackable_diffusion.checkpoints import gemma as gemma_ckpt
     from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.checkpoints import hf_files
 
     src, dst = pathlib.Path(source), pathlib.Path(target)
     check_paths(src, dst, overwrite)
@@ -237,12 +238,12 @@ def convert(
             max_position_embeddings=extras.get("context"),
         )
         tokenizer = extras.get("tokenizer_file")
-        if tokenizer is not None and not any((dst / n).exists() for n in hf_ckpt.TOKENIZER_FILES):
+        if tokenizer is not None and not any((dst / n).exists() for n in hf_files.TOKENIZER_FILES):
             import shutil
 
             name = "tokenizer.json" if pathlib.Path(tokenizer).suffix == ".json" else "tokenizer.model"
             shutil.copyfile(tokenizer, dst / name)  # the run's own tokenizer, so that hf:DIR samples as the run did
-        elif extras.get("tokenizer") is not None and not any((dst / n).exists() for n in hf_ckpt.TOKENIZER_FILES):
+        elif extras.get("tokenizer") is not None and not any((dst / n).exists() for n in hf_files.TOKENIZER_FILES):
             from hackable_diffusion.data import tokenizers as tok_lib
 
             tok_lib.save_hf_tokenizer(extras["tokenizer"], dst)  # a char run's tokenizer.json, an spm run's .model

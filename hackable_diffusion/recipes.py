@@ -18,6 +18,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from hackable_diffusion.builders import PROCESSES, objective_passes
+from hackable_diffusion.diffusion import schedules
 from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import presets
 
@@ -44,14 +45,16 @@ DRAW_ARGUMENTS = {"block": int}  # blocked_inverse_cdf: ids per block
 ALLOW_NEW = "self_conditioner/*"
 
 
-def rule_section(kind: str, rule: str, arguments: dict[str, type], args: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A config section naming a rule (`rule`) with every argument it may take as a typed placeholder, so that
+def rule_section(
+    kind: str, rule: str, arguments: dict[str, type], args: dict[str, Any], name_key: str = "rule"
+) -> ml_collections.ConfigDict:
+    """A config section naming a rule (at `name_key`) with every argument it may take as a typed placeholder, so that
     `--config.sampler.<kind>.<argument>=value` parses on the command line; `builders` turns it into the object."""
     unknown = sorted(set(args) - set(arguments))
     if unknown:
         raise ValueError(f"unknown {kind} arguments {unknown}; valid: {sorted(arguments)}.")
     section = {name: config_dict.placeholder(type_) for name, type_ in arguments.items()}
-    section["rule"] = rule
+    section[name_key] = rule
     out = ml_collections.ConfigDict(section)
     for name, value in args.items():
         out[name] = value
@@ -71,6 +74,16 @@ def early_stopping(rule: str, **args: Any) -> ml_collections.ConfigDict:
 def draw(rule: str, **args: Any) -> ml_collections.ConfigDict:
     """`config.sampler.draw`: a draw of `sampling.draws.DRAWS` and its arguments."""
     return rule_section("draw", rule, DRAW_ARGUMENTS, args)
+
+
+def schedule_section(
+    name: str = schedules.DEFAULT_SCHEDULE_SECTION["name"], **fields: Any
+) -> ml_collections.ConfigDict:
+    """`config.diffusion.schedule`: a schedule of `diffusion.schedules.SCHEDULES` (`name`) and every field any schedule
+    takes (`schedules.schedule_arguments`), None meaning that class's default; `schedules.schedule_from_config` builds
+    it and refuses a field the named class does not take. The keys come from the schedule classes themselves, so a
+    schedule added in `diffusion/schedules.py` is settable here with nothing to edit."""
+    return rule_section("schedule", name, schedules.schedule_arguments(), fields, name_key="name")
 
 
 def init_section(kind: str = "scratch", checkpoint: str = "") -> ml_collections.ConfigDict:
@@ -135,8 +148,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.diffusion = ml_collections.ConfigDict(
         dict(
             process="uniform",
-            schedule="linear",
-            schedule_eps=1e-4,
+            schedule=schedule_section(**schedules.DEFAULT_SCHEDULE_SECTION),  # name + that class's fields
             excluded_ids=(0, 1, 2, 3),  # ids uniform noise never produces (PAD, EOS, BOS, MASK); () = the reference
             objective="pretrain",
             canvas_len=32,  # 0 = one canvas per sequence (MD4/MDLM)
@@ -337,6 +349,26 @@ def from_ar_run(
     return c
 
 
+def upgrade_saved_diffusion(config: ml_collections.ConfigDict) -> None:
+    """Brings the diffusion section of a saved config to the current keys (in place): a schedule saved as a bare name
+    with `diffusion.schedule_eps` (before its fields were settable) becomes the section `{name, eps}`, which builds
+    the same schedule; a saved section gets its typed placeholders back (JSON keeps None, not the type), so that
+    `--config.diffusion.schedule.<field>=value` parses on the saved config too."""
+    d = config.diffusion
+    saved = d.get("schedule", schedules.DEFAULT_SCHEDULE_SECTION["name"])
+    if isinstance(saved, str):
+        fields = {"name": saved}
+        if d.get("schedule_eps") is not None:
+            fields["eps"] = float(d.schedule_eps)
+    else:
+        fields = {key: value for key, value in saved.items() if value is not None}
+    with d.unlocked():
+        for key in ("schedule", "schedule_eps"):
+            if key in d:
+                del d[key]
+        d.schedule = schedule_section(**fields)
+
+
 def upgrade_saved_sampler(config: ml_collections.ConfigDict) -> None:
     """Brings the sampler section of a saved config to the current keys (in place): a selection saved as a name with
     its arguments as JSON (`selection="top_k_margin"`, `selection_kwargs='{"count": "power:2"}'`) becomes the
@@ -368,87 +400,7 @@ def upgrade_saved_sampler(config: ml_collections.ConfigDict) -> None:
             config.sampler[key] = make(rule, **{k: v for k, v in args.items() if k != "rule" and v is not None})
 
 
-def sft_config(
-    *,
-    model: dict[str, Any] | None = None,
-    init_kind: str = "toolbox",
-    checkpoint: str = "",
-    lora_rank: int = 8,
-    lora_alpha: float | None = 16.0,
-    steps: int = 300,
-    batch_size: int = 8,
-    prompt_len: int = 64,
-    num_canvases: int = 2,
-    canvas_len: int = 32,
-) -> ml_collections.ConfigDict:
-    """An SFT experiment on tiny Shakespeare line pairs (DiffusionGemma's SFT objective), LoRA or full (rank 0), run
-    by `python -m hackable_diffusion.sft` (its base weights: `config.init`, `checkpoints.base_weights`)."""
-    c = base_config()
-    c.model = ml_collections.ConfigDict(model or presets.quickstart())
-    c.model.self_conditioning = True
-    c.init = init_section(init_kind, checkpoint)
-    c.lora = ml_collections.ConfigDict(
-        dict(
-            rank=lora_rank,  # 0 = full fine-tuning
-            alpha=lora_alpha if lora_alpha is not None else float(max(lora_rank, 1)),
-            targets=lora_lib.DEFAULT_TARGETS,  # or ("all-linear",)
-            include_experts=False,
-            freeze_router=False,  # True: the router (projection, scales) stays as pretrained, LoRA or full
-        )
-    )
-    c.sft = ml_collections.ConfigDict(
-        dict(
-            prompt_lines=1,
-            response_lines=2,
-            prompt_len=prompt_len,
-            num_canvases=num_canvases,
-            max_examples=0,  # 0 = every pair of the training split
-            eval_examples=64,
-            num_devices=0,  # 0 = every device
-        )
-    )
-    c.data.seq_len = prompt_len + num_canvases * canvas_len
-    c.data.batch_size = batch_size
-    d = c.diffusion
-    d.process, d.objective, d.canvas_len = "uniform", "sft", canvas_len
-    d.loss, d.encoder_ar_weight, d.self_condition_prob, d.null_signal = "canvas_ce", 1.0, 0.5, "mean_embedding"
-    d.time_sampler, d.t_min, d.t_max = "uniform", 1e-4, 1.0 - 1e-4
-    c.optimizer = ml_collections.ConfigDict(
-        dict(
-            name="adamw",
-            peak_lr=2e-3 if lora_rank else 5e-4,
-            end_lr=2e-4 if lora_rank else 5e-5,
-            warmup_steps=30,
-            total_steps=0,
-            weight_decay=1e-4,
-            b1=0.95,
-            b2=0.99,
-            eps=1e-8,
-            clip_norm=1.0,
-        )
-    )
-    c.train = ml_collections.ConfigDict(
-        dict(
-            num_steps=steps,
-            grad_accum_steps=1,
-            ema_decay=0.0,
-            log_every=25,
-            eval_every=100,
-            checkpoint_every=100,
-            keep_checkpoints=2,
-            fast_compile=False,  # XLA backend optimisation level 0: ~2.5x faster CPU compiles, slower steps (tests)
-        )
-    )
-    c.eval.num_batches = 4
-    c.eval.batch_size = batch_size
-    c.output = ml_collections.ConfigDict(dict(save_fused=True, save_lora=True, save_gemma=False, save_hf=False))
-    c.sampler.canvas_len = canvas_len
-    c.sampler.max_new_tokens = num_canvases * canvas_len
-    c.sampler.prompt = "ROMEO:\n"
-    return c
-
-
-def _from_weights(config: ml_collections.ConfigDict, checkpoint: str, lora_rank: int) -> ml_collections.ConfigDict:
+def from_weights(config: ml_collections.ConfigDict, checkpoint: str, lora_rank: int) -> ml_collections.ConfigDict:
     """A copy of `config` that starts from a toolbox run (`init`), full or LoRA (`lora`, rank 0: full). A deep copy,
     so the sampler's typed placeholders (e.g. `selection.min_count`) stay settable on the command line."""
     c = copy.deepcopy(config)
@@ -469,100 +421,6 @@ def constant_lr_schedule(
     c.optimizer.weight_decay = 0.0
     c.train.update(dict(num_steps=steps, ema_decay=0.0, **train))
     return c
-
-
-def rl_sections(
-    config: ml_collections.ConfigDict,
-    *,
-    checkpoint: str,
-    objective: str = "diffu_grpo",
-    steps: int = 200,
-    lora_rank: int = 0,
-    peak_lr: float = 1e-5,
-) -> ml_collections.ConfigDict:
-    """`config` (a task's training config) made an RL config for `python -m hackable_diffusion.rl`: the starting
-    weights (`init`, a toolbox run by default), `lora` (rank 0: full), the `rl` section (docs/rl.md), a constant
-    learning rate after a short warm-up, no EMA."""
-    c = _from_weights(config, checkpoint, lora_rank)
-    c.rl = ml_collections.ConfigDict(
-        dict(
-            objective=objective,  # "diffu_grpo" | "wd1" | "elbo" | "ar_grpo" | "expert_iteration"
-            prompts_per_rollout=8,  # K prompts per rollout
-            group_size=8,  # G completions per prompt (expert_iteration: 1 is enough)
-            inner_updates=2,  # mu optimizer steps per rollout batch (d1, wd1: 12; 2 here: each rollout costs a sampler
-            # run, and on CPU more updates per rollout mostly train further off-policy for the same wall time)
-            prompt_mask_prob=0.15,  # diffu-GRPO / wd1: each prompt token masked with this probability (0 for AR runs;
-            # d1, wd1: 0.15)
-            advantage_scale="none",  # "none": r - mean per group (d1, wd1); "std": (r - mean) / std (GRPO's paper)
-            loss_normalization="paper",  # "paper": each objective's paper (docs/rl.md); "row_mean": per-row token
-            # means, then their mean over every row, tied groups included (GRPO's paper; diffu_grpo, ar_grpo, wd1)
-            clip_eps=0.5,  # ratio objectives' clip (d1, wd1's diffu-GRPO baseline: 0.5; TRL's and GRPO's paper: 0.2)
-            kl_beta=0.0,  # weight of the k3 KL to the starting weights (d1: 0.04; wd1's trainer: none, 0); > 0 costs a
-            # reference pass per inner update and, full fine-tuning, a second copy of the weights
-            wd1_psi=1.0,  # wd1: softmax temperature on the advantages (wd1's code: 1)
-            wd1_negative_weight=1.0,  # wd1: weight lambda of the negative samples' term (wd1's code: 1)
-            wd1_zero_tied_groups=False,  # wd1: True gives a tied group's rows weight 0; False: (1 - lambda) / G each,
-            # as wd1's code (the two agree at lambda = 1)
-            elbo_draws=4,  # ELBO policy gradient and expert iteration (in place): noise draws per completion
-            shaped_reward=False,  # the task's partial credit (Sudoku: rewards.py) on top of exact = 1
-            temperature=1.0,  # rollouts draw tokens at this temperature (d1, wd1: 0.9; 1 here: the scorers score the
-            # temperature-1 policy, so at 1 the rollouts are the scored policy's own samples)
-            dynamic_sampling=0,  # DAPO's dynamic sampling: up to this many extra draws of K x G per rollout until K
-            # groups have rewards that differ (tied groups carry no signal); 0: off, one draw, every group kept
-            scorer="mean_field",  # diffu_grpo / wd1 log-probs: "mean_field" (d1's one pass) or "trajectory" (TraceRL:
-            # each token scored at the sampler pass that wrote it; Sudoku in place)
-            trajectory_passes_per_forward=1,  # trajectory: sampler passes scored per forward (TraceRL's shrinkage)
-            skip_uninformative_steps=False,  # True: a step whose batch has no informative group (expert iteration: no
-            # accepted completion) leaves the weights, optimizer state and EMA untouched (the step counter still
-            # advances); False: the optimizer steps anyway
-            stop_at_eos=config.get("data", {}).get("task") == "countdown",  # in place: score a completion up to its
-            # first EOS, the tail kept masked (d1); False scores the PAD tail too. AR rows always end at the EOS;
-            # Sudoku has none (True refused)
-        )
-    )
-    return constant_lr_schedule(c, peak_lr, steps, warmup=10, log_every=5, eval_every=50, checkpoint_every=25)
-
-
-def distill_sections(
-    config: ml_collections.ConfigDict,
-    *,
-    checkpoint: str,
-    method: str = "trajectory",
-    teacher_steps: int = 16,
-    student_steps: int = 4,
-    steps: int = 300,
-    batch_size: int = 16,
-    pool_size: int = 2048,
-    lora_rank: int = 0,
-    peak_lr: float = 1e-4,
-) -> ml_collections.ConfigDict:
-    """`config` (a task's training config) made a distillation config for `python -m hackable_diffusion.distill`:
-    the teacher (`init`, a toolbox run by default, whose data, diffusion, sampler and solver sections the student
-    inherits at run time), `lora` (rank 0: full), the `distill` section (docs/distillation.md), a constant learning
-    rate after a short warm-up, no EMA."""
-    c = _from_weights(config, checkpoint, lora_rank)
-    c.distill = ml_collections.ConfigDict(
-        dict(
-            method=method,  # "trajectory" (SDTT-style, masking) | "consistency" (DUO-style) | "reverse_kl" (on-policy)
-            teacher_steps=teacher_steps,  # N: the teacher's steps per canvas
-            student_steps=student_steps,  # k: the student's (must divide N)
-            rest_weight=0.0,  # trajectory: weight of the teacher's final token at positions decided later
-            pool_size=pool_size,  # teacher trajectories made once and cached in the run directory
-            batch_size=batch_size,  # canvases per step (each gives k student rows); reverse_kl: prompts per step
-            greedy_temperature=1e-4,  # consistency: the teacher's near-greedy temperature
-            self_condition_prob=0.0,  # a model with a self-conditioner: its second pass, as pretraining
-            keep="all",  # "correct": only trajectories ending on the training row's canvas (a puzzle's solution)
-            group_size=4,  # reverse_kl: student samples per prompt (leave-one-out baseline)
-            elbo_draws=4,  # reverse_kl: the teacher's ELBO estimate, passes per sample
-            target_sharpness=1.0,  # reverse_kl: beta, the student aims at p_teacher^beta
-            target_temperature=0.0,  # reverse_kl: the teacher's logits / tau in its ELBO (0: the sampler's T(t))
-            shared_noise=False,  # reverse_kl: a prompt's samples share their ELBO draws' noise (common random numbers)
-            exact_entropy=False,  # reverse_kl: the student's log q terms by their exact conditional expectations
-            student_process="",  # fixed_order: "masking" or "uniform" for a student of another process ("": the same)
-            student_temperature="",  # "MAX/MIN^EXPONENT": the student's saved sampling schedule ("": the teacher's)
-        )
-    )
-    return constant_lr_schedule(c, peak_lr, steps, warmup=20, log_every=10, eval_every=0, checkpoint_every=50)
 
 
 SAMPLER_REPORT_KEYS = (  # the diffusion sampler settings printed with every result

@@ -149,7 +149,9 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict:
 def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
     """Brings a config saved by an older version of the toolbox to the current keys (in place): the task moves its
     own keys first (`tasks.Task.upgrade_saved_config`), then the sampler section is restructured
-    (`recipes.upgrade_saved_sampler`), `init.use_ema` becomes `init.weights`; model fields a run saved before they were spelled out take their defaults."""
+    (`recipes.upgrade_saved_sampler`), a schedule saved as a name with `diffusion.schedule_eps` becomes the schedule
+    section (`recipes.upgrade_saved_diffusion`), `init.use_ema` becomes `init.weights`; model fields a run saved
+    before they were spelled out take their defaults."""
     from hackable_diffusion import recipes
     from hackable_diffusion.tasks import get_task
 
@@ -157,6 +159,8 @@ def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
         get_task(config.data.get("task", "text")).upgrade_saved_config(config)
     if "sampler" in config:
         recipes.upgrade_saved_sampler(config)
+    if "diffusion" in config:
+        recipes.upgrade_saved_diffusion(config)
     if "init" in config and "use_ema" in config.init:  # the EMA choice is spelt `weights` ("ema" | "raw") everywhere
         init = config.init.to_dict()
         init["weights"] = "ema" if init.pop("use_ema") else "raw"

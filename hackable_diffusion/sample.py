@@ -18,6 +18,7 @@ import time
 from absl import app, flags
 
 from hackable_diffusion import cli, run_config
+from hackable_diffusion.tasks.capabilities import GeneratesText, require
 
 FLAGS = flags.FLAGS
 _HAS_RUN = {"saved": False}  # whether --workdir held a saved config when the flags were defined
@@ -95,8 +96,7 @@ def main(argv):
         run_config.load_saved_config(workdir)  # the clear error: the workdir holds no run
     config = FLAGS.config
     exp = exp_lib.build(config, workdir, inference=True)
-    if exp.task.name != "text":
-        raise ValueError(f"{workdir} is a {exp.task.name!r} run; sample prints text (see evaluate).")
+    require(exp.task, GeneratesText, f"sampling {workdir} (sample prints text)", "its scores are evaluate's")
     prompts = FLAGS.prompt or [config.sampler.prompt]
     max_new = FLAGS.max_new_tokens or config.sampler.max_new_tokens
     check_context(exp, prompts, int(max_new), FLAGS.max_context)  # before the weights are read

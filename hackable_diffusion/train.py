@@ -13,7 +13,7 @@ that does not exist stops the command with the closest existing keys. Multi-host
 Starting from weights (`config.init`, `--init_from KIND:PATH`; default kind "scratch": random init): the model stays
 this config's (its shape, process and objective, e.g. a masking run started from an autoregressive one) with the
 source's vocabulary and tokenizer, and the source's parameters are mapped onto it strictly
-(`checkpoints.base_weights.match_params`): each is loaded with its shape checked, or is new and allowed by
+(`checkpoints.weight_matching.match_params`): each is loaded with its shape checked, or is new and allowed by
 `init.allow_new`; the table of loaded / new / unused parameters is printed and saved as `workdir/init_report.json`.
 The optimizer state, the data iterator and the step counter start fresh. A workdir with checkpoints resumes from them
 and does not read the source again.
@@ -23,10 +23,16 @@ from __future__ import annotations
 
 import json
 
+import jax
 from absl import app, flags
 
-from hackable_diffusion import cli, run_config
-from hackable_diffusion.checkpoints import base_weights
+from hackable_diffusion import builders, cli, finetune, run_config
+from hackable_diffusion import experiment as exp_lib
+from hackable_diffusion.checkpoints import base_weights, weight_matching
+from hackable_diffusion.models import transformer as T
+from hackable_diffusion.models.param_count import count_params, training_flops_per_token
+from hackable_diffusion.training import loop, metrics
+from hackable_diffusion.training.distributed import maybe_initialize_distributed
 
 FLAGS = flags.FLAGS
 
@@ -52,32 +58,14 @@ def run(config, workdir: str, *, sample_at_end: bool = True):
     there too), and the workdir is locked against a second writer while training; a start that fails before training
     begins removes what it wrote. With `config.init` naming weights, a fresh run starts from them (the module
     docstring)."""
-    import contextlib
-
-    import jax
-
-    from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion.training.workdir_lock import WorkdirLock
-
     exp_lib.check_config(config)  # before anything is written: a bad value leaves the workdir as it was
     if not base_weights.has_checkpoints(workdir):  # a resumed run does not read config.init
         base_weights.check_init(config)
     run_config.check_same_run(config, workdir)  # a workdir of another run is refused as it is
-    lock = WorkdirLock(workdir, undo_failed_start=True) if jax.process_index() == 0 else None
-    with lock if lock is not None else contextlib.nullcontext():
-        return _run(config, workdir, sample_at_end=sample_at_end, started=lock.started if lock else lambda: None)
+    return finetune.locked_start(workdir, lambda started: _run(config, workdir, sample_at_end, started))
 
 
-def _run(config, workdir: str, *, sample_at_end: bool, started=lambda: None):
-    import jax
-
-    from hackable_diffusion import builders
-    from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion.models import partitioning
-    from hackable_diffusion.models import transformer as T
-    from hackable_diffusion.models.param_count import count_params, training_flops_per_token
-    from hackable_diffusion.training import loop, metrics, sharding
-
+def _run(config, workdir: str, sample_at_end: bool, started):
     path = exp_lib.workdir_path(workdir)
     base = loaded = report = None
     if base_weights.has_checkpoints(path):
@@ -85,9 +73,9 @@ def _run(config, workdir: str, *, sample_at_end: bool, started=lambda: None):
     elif base_weights.init_kind(config) != "scratch":  # strict: every parameter loaded or allowed new, before writing
         base = base_weights.load_base(config)
         config = base_weights.resolve_train_config(config, base)
-        shapes = base_weights.param_shapes(builders.build_model(config, int(config.model.vocab_size)))
+        shapes = weight_matching.param_shapes(builders.build_model(config, int(config.model.vocab_size)))
         allow_new = base_weights.allow_patterns(config)
-        loaded, report = base_weights.match_params(base.params, shapes, allow_new=allow_new, source=base.source)
+        loaded, report = weight_matching.match_params(base.params, shapes, allow_new=allow_new, source=base.source)
     if jax.process_index() == 0:
         print("Config:\n" + json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str), flush=True)
         run_config.save_config(config, path / "config.json")
@@ -104,7 +92,7 @@ def _run(config, workdir: str, *, sample_at_end: bool, started=lambda: None):
                 f"the run's tokenizer has {exp.tokenizer.vocab_size} ids, more than the {config.model.vocab_size} "
                 f"rows of the source's embedding ({base.source}); train with the source's tokenizer."
             )
-        init_fn = base_weights.start_init_fn(exp.model, loaded)
+        init_fn = weight_matching.start_init_fn(exp.model, loaded)
     counts = count_params(exp.model.cfg)
     if jax.process_index() == 0:
         print(
@@ -123,15 +111,13 @@ def _run(config, workdir: str, *, sample_at_end: bool, started=lambda: None):
         peak_flops=config.train.get("peak_flops", 0) or metrics.calibrated_peak_flops(exp.model.cfg.compute_dtype),
     )
     started()  # from here a failure keeps what the run wrote (its checkpoints, metrics)
-    state = loop.train(
-        workdir=workdir,
+    state = finetune.train_loop(  # the mesh's divisibility was checked by check_config
+        config,
+        workdir,
         init_fn=init_fn,
         loss_fn=exp.objective,
         train_iterator=exp.task.train_iterator(exp, jax.process_index(), jax.process_count()),
-        loop=settings,
-        optimizer_cfg=builders.optimizer_config(config),
-        mesh=sharding.make_mesh(config.mesh),  # its divisibility was checked by check_config
-        param_logical_axes_fn=partitioning.logical_axes,
+        loop_settings=settings,
         eval_fn=exp.task.eval_fn(exp, workdir),
     )
     if sample_at_end and jax.process_index() == 0:
@@ -146,8 +132,6 @@ def main(argv):
         raise app.UsageError("--config is required: a config file such as configs/quickstart.py.")
     if FLAGS.workdir is None:
         raise app.UsageError("--workdir is required (the run directory; rerunning with it resumes).")
-    from hackable_diffusion.training.distributed import maybe_initialize_distributed
-
     cli.quiet_library_logs()
 
     maybe_initialize_distributed(

@@ -42,4 +42,7 @@ Deliberate choices and caveats (each JSON line says which were used):
 
 `layout.py` holds the settings, the sharded abstract state and the byte bookkeeping; `programs.py` compiles the
 programs and summarises them (`run`). `experiments/aot_26b.py` is the command line for the 26B-A4B model.
+
+The decode programs' cost model is `costs.py` (analytic FLOP and byte counts), `roofline.py` (step times on published
+GPU peaks) and `xla_counts.py` (XLA's counts of the compiled programs); `experiments/gpu_cost_model.py` runs it.
 """

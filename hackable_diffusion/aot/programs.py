@@ -43,6 +43,7 @@ from hackable_diffusion.diffusion import objectives, processes, schedules
 from hackable_diffusion.models import attention, transformer
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.sampling import canvas as canvas_lib
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 from hackable_diffusion.training import optimizers, sharding, train_state
 
 
@@ -273,7 +274,7 @@ def canvas_sample_program(
     key_data = jax.ShapeDtypeStruct((b, 2), jnp.uint32, sharding=leading_axis_sharding(mesh, (b, 2), axes))
     fixed = jax.ShapeDtypeStruct((b, c), jnp.bool_, sharding=canvas_sharding)
     active = jax.ShapeDtypeStruct((b,), jnp.bool_, sharding=row_sharding)
-    sampler = canvas_lib.DiffusionSampler.diffusiongemma(
+    sampler = DiffusionSampler.diffusiongemma(
         cfg.vocab_size, num_steps=num_steps, canvas_length=c, vocab_chunk=vocab_chunk
     )
 

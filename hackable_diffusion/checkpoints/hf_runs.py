@@ -30,8 +30,9 @@ def hf_experiment_config(path: str) -> ml_collections.ConfigDict:
     entropy bound, linear temperature, stable-and-confident stopping, its canvas length); a Gemma-4 causal LM is an
     autoregressive run. Data: tiny Shakespeare through the checkpoint's own tokenizer."""
     from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.checkpoints import hf_files
 
-    cfg, info = hf_ckpt.read_model_config(path)  # a missing directory or a broken config.json, by name
+    cfg, info = hf_files.read_model_config(path)  # a missing directory or a broken config.json, by name
     model = dataclasses.asdict(cfg)
     diffusion = info.model_type == hf_ckpt.DIFFUSION_GEMMA
     canvas = int(info.canvas_length or 256)
@@ -42,8 +43,8 @@ def hf_experiment_config(path: str) -> ml_collections.ConfigDict:
     config.data.tokenizer = "pretrained"
     config.diffusion.excluded_ids = ()  # transformers draws noise over every token id
     config.init = ml_collections.ConfigDict(dict(kind="hf", checkpoint=str(pathlib.Path(path).resolve())))
-    generation_file = pathlib.Path(path) / hf_ckpt.GENERATION_CONFIG_FILE
-    generation = hf_ckpt.read_json(generation_file) if generation_file.is_file() else {}
+    generation_file = pathlib.Path(path) / hf_files.GENERATION_CONFIG_FILE
+    generation = hf_files.read_json(generation_file) if generation_file.is_file() else {}
     s = config.sampler
     s.num_steps = int(generation.get("max_denoising_steps") or 48)
     bound = (generation.get("sampler_config") or {}).get("entropy_bound", 0.1)

@@ -28,6 +28,13 @@ Deliberate choices and differences:
         With SEDD's (1e-4, 20) the rescaling moves alpha by at most 1e-4.
     * `AntitheticTimeSampler` uses one shared uniform shift, t_i = (u + i/B) mod 1 (VDM/MD4 style). MDLM draws an
         independent jitter per stratum; both put exactly one sample in each of the B strata.
+
+From a config: `config.diffusion.schedule` is a section holding `name` (a key of `SCHEDULES`) and the fields of that
+class (`schedule_from_config`; the default is `DEFAULT_SCHEDULE_SECTION`), so
+`--config.diffusion.schedule.name=polynomial --config.diffusion.schedule.power=3` trains with
+`PolynomialSchedule(power=3)`. The section's keys are read off the dataclass fields of the classes in `SCHEDULES`
+(`schedule_arguments`): a new schedule is a subclass here and its entry in `SCHEDULES`, and its fields are config
+keys with nothing else to edit.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
+import typing
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -191,11 +200,51 @@ SCHEDULES: dict[str, type[Schedule]] = {
 }
 
 
-def make_schedule(name: str, **kwargs) -> Schedule:
-    """Builds a schedule by name, e.g. `make_schedule("polynomial", power=3, eps=1e-4)`."""
+# config.diffusion.schedule of every recipe: a section holds `name` (a key of SCHEDULES) and that class's fields.
+DEFAULT_SCHEDULE_SECTION: dict[str, Any] = {"name": "linear", "eps": DEFAULT_EPS}
+
+
+def schedule_fields(schedule_class: type[Schedule]) -> dict[str, type]:
+    """The fields of a schedule class with their types, e.g. {"eps": float, "power": float} for PolynomialSchedule."""
+    hints = typing.get_type_hints(schedule_class)
+    return {field.name: hints[field.name] for field in dataclasses.fields(schedule_class) if field.init}
+
+
+def schedule_arguments() -> dict[str, type]:
+    """Every field a schedule of SCHEDULES takes, with its type: the keys of a config section besides `name`
+    (`recipes.schedule_section` gives each a typed placeholder, so `--config.diffusion.schedule.power=3` parses)."""
+    arguments: dict[str, type] = {}
+    for schedule_class in SCHEDULES.values():
+        arguments.update(schedule_fields(schedule_class))
+    return dict(sorted(arguments.items()))
+
+
+def schedule_from_config(section: Mapping[str, Any]) -> Schedule:
+    """The schedule a config section describes: `name` and the fields of that class, None meaning the class default;
+    `{"name": "polynomial", "power": 3.0, "eps": 1e-4}` builds `PolynomialSchedule(power=3.0, eps=1e-4)`. A field the
+    named class does not take (set, or a key no schedule has) is refused on one line naming the class's fields."""
+    fields = dict(section.items())
+    name = fields.pop("name", None)
     if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule '{name}'; choose one of {sorted(SCHEDULES)}.")
-    return SCHEDULES[name](**kwargs)
+        raise ValueError(f"unknown schedule {name!r}; choose one of {sorted(SCHEDULES)}.")
+    schedule_class = SCHEDULES[name]
+    allowed, known = schedule_fields(schedule_class), schedule_arguments()
+    # an unset placeholder of another class's field is fine; a set one, or a key no schedule has, is not
+    refused = sorted(k for k, v in fields.items() if k not in allowed and (v is not None or k not in known))
+    if refused:
+        takers = {key: sorted(n for n, c in SCHEDULES.items() if key in schedule_fields(c)) for key in refused}
+        hint = "; ".join(f"{key}: {', '.join(names)}" for key, names in takers.items() if names)
+        raise ValueError(
+            f"schedule {name!r} ({schedule_class.__name__}) does not take {refused}"
+            + (f" (schedules that do: {hint})" if hint else "")
+            + f"; its fields are {sorted(allowed)}."
+        )
+    return schedule_class(**{key: value for key, value in fields.items() if value is not None})
+
+
+def make_schedule(name: str, **kwargs) -> Schedule:
+    """Builds a schedule by name, e.g. `make_schedule("polynomial", power=3, eps=1e-4)` (`schedule_from_config`)."""
+    return schedule_from_config({"name": name, **kwargs})
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -21,9 +21,7 @@ config.json holds `sampler.num_steps = student_steps`, so `sample` and `evaluate
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import sys
 from collections.abc import Sequence
 
@@ -32,16 +30,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from hackable_diffusion import builders, cli, run_config
+from hackable_diffusion import builders, cli, finetune, run_config
+from hackable_diffusion import experiment as exp_lib
 from hackable_diffusion.checkpoints import base_weights
 from hackable_diffusion.distill import methods as methods_lib
 from hackable_diffusion.distill.reverse_kl import ReverseKLLoss
 from hackable_diffusion.distill.student_loss import StudentLoss
 from hackable_diffusion.distill.teacher import PromptStream, TeacherPool, build_pool
-from hackable_diffusion.models import lora as lora_lib
-from hackable_diffusion.models import partitioning
 from hackable_diffusion.sampling import temperature as temperature_lib
-from hackable_diffusion.training.workdir_lock import WorkdirLock
+from hackable_diffusion.sampling.early_stopping import NoEarlyStop
+from hackable_diffusion.sampling.temperature import AnnealedTemperature
+from hackable_diffusion.tasks.capabilities import HasCanvasSampler
 
 DISTILL_KEYS = (
     "method", "teacher_steps", "student_steps", "rest_weight", "pool_size", "batch_size", "greedy_temperature",
@@ -63,7 +62,7 @@ def check_distill_config(
 ):
     """The checks of `config.distill` that need no weights; returns the method. ValueError names the key."""
     if "distill" not in config:
-        raise ValueError("the config has no distill section: build it with recipes.distill_sections.")
+        raise ValueError("the config has no distill section: build it with hackable_diffusion.distill.settings.distill_sections.")
     d = config.distill
     unknown = sorted(set(d.keys()) - set(DISTILL_KEYS))
     if unknown:
@@ -145,19 +144,19 @@ def resolve_config(
 
 
 def teacher_sampler(exp, config: ml_collections.ConfigDict, method, num_steps: int | None = None):
-    """The task's canvas sampler at `teacher_steps` (or `num_steps`: the student's, for on-policy rollouts), early
-    stopping off; near-greedy for a greedy-teacher method."""
-    from hackable_diffusion.sampling.early_stopping import NoEarlyStop
-    from hackable_diffusion.sampling.temperature import AnnealedTemperature
-
+    """The task's own canvas sampler (`tasks.capabilities.HasCanvasSampler`; else the run's generic sampler) at
+    `teacher_steps` (or `num_steps`: the student's, for on-policy rollouts), early stopping off; near-greedy for a
+    greedy-teacher method."""
     d = config.distill
     if num_steps is None and d.get("teacher_process") and d.teacher_process != config.diffusion.process:
         config = config.copy_and_resolve_references()  # the teacher samples with its own process, not the student's
         with config.unlocked():
             config.diffusion.process = d.teacher_process
         exp = dataclasses.replace(exp, config=config, process=builders.build_process(config, exp.process.vocab_size))
-    own = getattr(exp.task, "canvas_sampler", None)
-    sampler = own(exp, config) if own is not None else builders.build_sampler(config, exp.process)
+    if isinstance(exp.task, HasCanvasSampler):
+        sampler = exp.task.canvas_sampler(exp, config)
+    else:
+        sampler = builders.build_sampler(config, exp.process)
     canvas = int(config.diffusion.canvas_len or 0)
     steps = int(d.teacher_steps) if num_steps is None else num_steps
     overrides = dict(num_steps=steps, early_stopping=NoEarlyStop())
@@ -179,18 +178,11 @@ def run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Sequ
     """Distils as `config` describes in `workdir` (rerunning resumes); returns the final TrainState. `overrides`
     (`--config.a.b=value` arguments) are applied again after the teacher's sections are inherited, so that a command
     line can change the inherited sampler or solver. The workdir is locked against a second writer meanwhile, and a
-    start that fails before training begins removes what it wrote (`WorkdirLock`'s undo_failed_start)."""
-    lock = WorkdirLock(workdir, undo_failed_start=True) if jax.process_index() == 0 else None
-    with lock if lock is not None else contextlib.nullcontext():
-        return _run_distill(config, workdir, overrides, started=lock.started if lock is not None else lambda: None)
+    start that fails before training begins removes what it wrote (`finetune.locked_start`)."""
+    return finetune.locked_start(workdir, lambda started: _run_distill(config, workdir, overrides, started))
 
 
-def _run_distill(
-    config: ml_collections.ConfigDict, workdir: str, overrides: Sequence[str] = (), started=lambda: None
-):
-    from hackable_diffusion import experiment as exp_lib
-    from hackable_diffusion.training import loop, sharding
-
+def _run_distill(config: ml_collections.ConfigDict, workdir: str, overrides: Sequence[str], started):
     method = check_distill_config(config)
     base_weights.check_init(config)
     if base_weights.init_kind(config) == "scratch":
@@ -217,22 +209,7 @@ def _run_distill(
         stream, objective, made = _on_policy(exp, config, method, teacher, canvas_len)
     else:
         stream, objective, made = _from_teacher_pool(exp, config, method, teacher, canvas_len, path, base.source)
-    adapter = builders.build_adapter(config)
-    if adapter is None:
-        init_fn = lambda key: teacher  # noqa: E731
-        loss_fn, axes_fn, mask = objective, partitioning.logical_axes, None
-        student = lambda params: params  # noqa: E731
-    else:
-        init_fn = functools.partial(lora_lib.init_state, adapter, base.params)
-        loss_fn = lora_lib.lora_loss_fn(adapter, objective)
-        mask, axes_fn = lora_lib.trainable_mask, lora_lib.logical_axes
-        merge = jax.jit(adapter.merge)
-        student = lambda params: merge(params[lora_lib.BASE_KEY], params[lora_lib.LORA_KEY])  # noqa: E731
-    task_eval = exp.task.eval_fn(exp, workdir)
-
-    def eval_fn(params, ema_params):
-        return task_eval(student(params), None if ema_params is None else student(ema_params))
-
+    trainable = finetune.Trainable.from_config(config, base.params)
     selection = config.sampler.get("selection", {})
     if (
         jax.process_index() == 0
@@ -248,24 +225,19 @@ def _run_distill(
             flush=True,
         )
     if jax.process_index() == 0:
-        what = f"LoRA rank {adapter.rank}" if adapter else "full"
         print(
-            f"Distillation ({method.name}) from {base.source}: {what}; teacher {d.teacher_steps} steps -> student "
-            f"{d.student_steps}; {made}, {d.batch_size} per step.",
+            f"Distillation ({method.name}) from {base.source}: {trainable.describe()}; teacher {d.teacher_steps} "
+            f"steps -> student {d.student_steps}; {made}, {d.batch_size} per step.",
             flush=True,
         )
-    started()  # from here a failure keeps what the run wrote
-    return loop.train(
-        workdir=workdir,
-        init_fn=init_fn,
-        loss_fn=loss_fn,
+    return finetune.finetune(
+        config,
+        workdir,
+        trainable=trainable,
+        loss_fn=trainable.loss_fn(objective),
         train_iterator=stream,
-        loop=loop.LoopConfig.from_config(config.train, seed=config.seed),
-        optimizer_cfg=builders.optimizer_config(config),
-        mesh=sharding.make_mesh(config.mesh),
-        param_logical_axes_fn=axes_fn,
-        eval_fn=eval_fn if config.train.eval_every else None,
-        trainable_mask=mask,
+        started=started,
+        task_eval=exp.task.eval_fn(exp, workdir),
     )
 
 

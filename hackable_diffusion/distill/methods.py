@@ -45,7 +45,7 @@ import dataclasses
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
-from hackable_diffusion.sampling.selection import dilated_rank
+from hackable_diffusion.sampling.scores import dilated_rank
 
 METHODS = ("trajectory", "consistency", "reverse_kl", "fixed_order")
 

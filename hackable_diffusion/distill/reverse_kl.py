@@ -56,7 +56,9 @@ from hackable_diffusion.diffusion.objectives import aux_loss, moe_metrics
 from hackable_diffusion.distill.student_loss import prefix_cache
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.sampling import canvas as canvas_lib
-from hackable_diffusion.sampling.selection import StepInfo
+from hackable_diffusion.sampling.keys import row_keys
+from hackable_diffusion.sampling.sampler import DiffusionSampler
+from hackable_diffusion.sampling.selection_base import StepInfo
 
 
 def commit_steps(start: Int[Array, "b c"], trajectory: Int[Array, "k b c"], mask_id: int) -> Bool[Array, "k b c"]:
@@ -120,7 +122,7 @@ class ReverseKLLoss:
 
     model: T.Transformer
     teacher_params: Any
-    sampler: canvas_lib.DiffusionSampler  # the student's, at k steps, early stopping off
+    sampler: DiffusionSampler  # the student's, at k steps, early stopping off
     group_size: int = 4
     elbo_draws: int = 4
     target_sharpness: float = 1.0
@@ -151,7 +153,7 @@ class ReverseKLLoss:
         b = fixed.shape[0]
         params = jax.lax.stop_gradient(params)
         rows_fixed = jnp.tile(fixed, (g, 1))
-        keys = canvas_lib.row_keys(key, g * b)
+        keys = row_keys(key, g * b)
         start = self.sampler.initial_canvas(
             keys, g * b, fixed=rows_fixed, fixed_tokens=jnp.tile(batch["canvas_tokens"], (g, 1))
         )

@@ -30,7 +30,8 @@ import numpy as np
 
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.sampling import canvas as canvas_lib
-from hackable_diffusion.sampling import generate as gen_lib
+from hackable_diffusion.sampling.keys import row_keys
+from hackable_diffusion.sampling.prompts import prefill
 
 POOL_FILE, POOL_META = "teacher_pool.npz", "teacher_pool.json"
 
@@ -71,7 +72,7 @@ def teacher_trajectories(model, params, prompts: CanvasPrompts, keys: jax.Array,
     tokens = jnp.asarray(prompts.canvas_tokens)
     start = sampler.initial_canvas(keys, b, fixed=fixed, fixed_tokens=tokens)
     if prompts.prefix.shape[1]:
-        _, cache = gen_lib.prefill(
+        _, cache = prefill(
             model,
             params,
             jnp.asarray(prompts.prefix),
@@ -131,7 +132,7 @@ def build_pool(
                 f"the teacher ended on the training row's own canvas in {made} of {tried} trajectories; "
                 f"config.distill.pool_size={pool_size} is out of reach: lower it or set distill.keep='all'."
             )
-        keys = canvas_lib.row_keys(jax.random.fold_in(jax.random.key(seed), batch_index), b)
+        keys = row_keys(jax.random.fold_in(jax.random.key(seed), batch_index), b)
         trajectory = teacher_trajectories(model, params, prompts, keys, sampler)
         rows = np.arange(b)
         if keep_correct:

@@ -16,8 +16,10 @@ any `config.<path>=value` of the run's saved config, e.g. `config.sampler.num_st
 sampling kwargs (`temperature`, `do_sample`) are not: generation uses the run's sampler settings, which are set
 through the model args above and recorded in the results' `config` block.
 
-A Sudoku run answers only generation requests whose context is a puzzle (task `hd_sudoku_solve`), with its solver and
-`config.solver.*` settings (`evals.puzzles`); the forward passes it spent are in the model info.
+A run whose task answers puzzles (`tasks.capabilities.ScoresLmEvalPuzzles`: Sudoku) answers only generation requests
+whose context is a puzzle (task `hd_sudoku_solve`), with the answerer the task gives (Sudoku's solver and
+`config.solver.*` settings, `tasks/sudoku/lm_eval_requests.py`); the forward passes it spent are in the model info.
+Any other run's task must generate text (`tasks.capabilities.GeneratesText`). `request_answerers` makes that choice.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tqdm import tqdm
 from hackable_diffusion import run_config
 from hackable_diffusion.evals import scoring
 from hackable_diffusion.recipes import sampler_report
+from hackable_diffusion.tasks.capabilities import GeneratesText, LmEvalPuzzleAnswerer, ScoresLmEvalPuzzles
 
 _TRUE = ("1", "true", "yes")
 # HackableDiffusionLM's own arguments (lm-eval adds batch_size, max_batch_size and device to those of --model_args)
@@ -75,6 +78,39 @@ def _bool(value: Any) -> bool:
     return value if isinstance(value, bool) else str(value).lower() in _TRUE
 
 
+def request_answerers(
+    exp: Any,
+    params: Any,
+    *,
+    seed: int = 0,
+    batch_size: int = 8,
+    num_draws: int = 8,
+    max_length: int = 0,
+    greedy_check: bool = True,
+) -> tuple[scoring.Scorer | None, LmEvalPuzzleAnswerer | None]:
+    """(text scorer, puzzle answerer) of a run, exactly one of them set: the task's puzzle answerer when it has
+    `ScoresLmEvalPuzzles` (at least 64 puzzles a solver batch), else the text `scoring.Scorer` when it has
+    `GeneratesText`; a one-line ValueError naming both capabilities when it has neither."""
+    if isinstance(exp.task, ScoresLmEvalPuzzles):
+        return None, exp.task.lm_eval_puzzle_answerer(exp, params, seed=seed, batch_size=max(batch_size, 64))
+    if not isinstance(exp.task, GeneratesText):
+        raise ValueError(
+            "the lm-eval adapter answers runs whose task has the GeneratesText capability (text requests) or "
+            f"ScoresLmEvalPuzzles (puzzle requests) of hackable_diffusion.tasks.capabilities; the {exp.task.name!r} "
+            "task has neither."
+        )
+    scorer = scoring.Scorer(
+        exp,
+        params,
+        num_draws=num_draws,
+        seed=seed,
+        batch_size=batch_size,
+        max_length=max_length,
+        greedy_check=greedy_check,
+    )
+    return scorer, None
+
+
 @register_model("hackable_diffusion")
 class HackableDiffusionLM(LM):
     def __init__(
@@ -104,19 +140,12 @@ class HackableDiffusionLM(LM):
         params, self.checkpoint_step = toolbox.load_params(exp, workdir, weights=str(weights))
         size = 8 if str(batch_size).startswith("auto") else int(batch_size)
         self.workdir = workdir
-        self.scorer = None
-        self.puzzles = None
-        if exp.task.name == "sudoku":
-            from hackable_diffusion.evals.puzzles import PuzzleAnswerer
-
-            self.puzzles = PuzzleAnswerer(exp, params, seed=int(seed), batch_size=max(size, 64))
-            return
-        self.scorer = scoring.Scorer(
+        self.scorer, self.puzzles = request_answerers(
             exp,
             params,
-            num_draws=int(num_draws),
             seed=int(seed),
             batch_size=size,
+            num_draws=int(num_draws),
             max_length=int(max_length),
             greedy_check=_bool(greedy_check),
         )
@@ -124,8 +153,9 @@ class HackableDiffusionLM(LM):
     def _text_scorer(self) -> scoring.Scorer:
         if self.scorer is None:
             raise ValueError(
-                "a Sudoku run answers only generation requests whose context is a puzzle (task hd_sudoku_solve); "
-                "log-likelihood tasks need a text run."
+                f"a {self.puzzles.exp.task.name!r} run answers only generation requests whose context is a puzzle "
+                "(its task has ScoresLmEvalPuzzles, e.g. the lm-eval task hd_sudoku_solve); log-likelihood tasks need "
+                "a text run."
             )
         return self.scorer
 
@@ -153,7 +183,7 @@ class HackableDiffusionLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         if self.puzzles is not None:
-            with tqdm(total=len(requests), disable=disable_tqdm, desc="generate_until (Sudoku)") as bar:
+            with tqdm(total=len(requests), disable=disable_tqdm, desc="generate_until (puzzles)") as bar:
                 return self.puzzles([request.args[0] for request in requests], progress=bar.update)
         groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
         contexts = []
@@ -181,8 +211,8 @@ class HackableDiffusionLM(LM):
             return {
                 "workdir": self.workdir,
                 "checkpoint_step": self.checkpoint_step,
-                "kind": f"sudoku/{c.diffusion.process}",
-                "loglikelihood": "none (Sudoku solver)",
+                "kind": f"{self.puzzles.exp.task.name}/{c.diffusion.process}",
+                "loglikelihood": "none (the task's puzzle solver)",
                 "seed": self.puzzles.seed,
                 **self.puzzles.info(),
             }

@@ -27,6 +27,8 @@ import random
 from collections.abc import Sequence
 
 from hackable_diffusion.data import text as text_lib
+from hackable_diffusion.tasks.sudoku import grids
+from hackable_diffusion.tasks.sudoku.grids import grid_to_text, text_to_grid
 
 
 def _known_characters() -> set[str]:
@@ -121,27 +123,6 @@ def ptb_passages(split: str, count: int, sentences: int) -> list[str]:
     return ["".join(line + "\n" for line in lines[i * sentences : (i + 1) * sentences]) for i in range(count)]
 
 
-SUDOKU_BLANK = "."
-
-
-def grid_to_text(grid) -> str:
-    """81 cells (0 = blank) -> 81 characters, digits and `.` for blanks."""
-    return "".join(SUDOKU_BLANK if int(v) == 0 else str(int(v)) for v in grid)
-
-
-def text_to_grid(text: str):
-    """The last 81 cell characters (digits, `.` or `0` for blanks) of `text` -> an (81,) int8 grid (0 = blank); any
-    other characters (a label, spaces, newlines) are ignored. A ValueError when there are fewer than 81."""
-    import numpy as np
-
-    cells = [c for c in text if c.isdigit() or c == SUDOKU_BLANK]
-    if len(cells) < 81:
-        raise ValueError(
-            f"a Sudoku puzzle needs 81 cells (digits, '.' or '0' for blanks); got {len(cells)} in {text!r}."
-        )
-    return np.array([0 if c == SUDOKU_BLANK else int(c) for c in cells[-81:]], dtype=np.int8)
-
-
 def sudoku_solve_docs(count: int, givens: tuple[int, int], seed: int) -> list[dict]:
     """{"puzzle": 81 characters, "solution": 81 digits} for `count` generated unique-solution puzzles."""
     from hackable_diffusion.tasks.sudoku import generator
@@ -155,8 +136,6 @@ def sudoku_solve_docs(count: int, givens: tuple[int, int], seed: int) -> list[di
 def sudoku_answer_scores(doc: dict, answer: str) -> dict[str, float]:
     """`solved`: the answer's 81 digits obey the rules and keep the puzzle's givens; `exact_match`: it equals the
     stored solution (the same for unique puzzles). An answer with fewer than 81 cells scores 0 on both."""
-    from hackable_diffusion.tasks.sudoku import grids
-
     try:
         grid = text_to_grid(answer)
     except ValueError:

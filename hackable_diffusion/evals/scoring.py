@@ -42,7 +42,7 @@ from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.sampling import generate as gen_lib
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
-from hackable_diffusion.tasks import text as text_task
+from hackable_diffusion.tasks.capabilities import GeneratesText, require
 
 if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment
@@ -86,8 +86,7 @@ class Scorer:
     def __post_init__(self):
         if self.num_draws < 1 or self.batch_size < 1:
             raise ValueError(f"num_draws and batch_size must be >= 1, got {self.num_draws} and {self.batch_size}.")
-        if self.exp.task.name != "text":
-            raise ValueError(f"the lm-eval adapter scores text runs; this is a {self.exp.task.name!r} run.")
+        require(self.exp.task, GeneratesText, "the lm-eval adapter's text scorer")
 
     # -- shapes ---------------------------------------------------------------------------------------------------
 
@@ -296,7 +295,7 @@ class Scorer:
             rows = [[BOS_ID] + ([t for t in ctx if t != BOS_ID][-keep:] if keep else []) for ctx in chunk]
             prompts, prompt_mask = self._prompt_batch(rows)
             key = jax.random.fold_in(jax.random.key(self.seed), start)
-            result = text_task.generate_tokens(
+            result = self.exp.task.generate_tokens(
                 self.exp, self.params, prompts, prompt_mask=prompt_mask, key=key, max_new_tokens=new
             )
             tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)

@@ -11,23 +11,22 @@ with the same --workdir resumes exactly (the rollout state is in the checkpoint)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from hackable_diffusion import builders, cli
+from hackable_diffusion import cli, finetune
+from hackable_diffusion import experiment as exp_lib
 from hackable_diffusion.checkpoints import base_weights
-from hackable_diffusion.models import lora as lora_lib
-from hackable_diffusion.models import partitioning
 from hackable_diffusion.rl import objectives as rl_objectives
 from hackable_diffusion.rl.rollouts import RolloutSettings, RolloutStream
 from hackable_diffusion.rl.scorers import AutoregressiveScorer, MeanFieldScorer, TrajectoryScorer
-from hackable_diffusion.training.workdir_lock import WorkdirLock
+from hackable_diffusion.tasks import get_task
+from hackable_diffusion.tasks.capabilities import CutsCompletionsAtEos, RecordsCommitOrder, RewardTask, require
+from hackable_diffusion.training import sharding
 
 OBJECTIVES = ("diffu_grpo", "wd1", "elbo", "ar_grpo", "expert_iteration")
 RL_KEYS = (
@@ -78,11 +77,12 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
     for key in ("stop_at_eos", "wd1_zero_tied_groups"):
         if not isinstance(rl.get(key, False), bool):
             raise ValueError(f"config.rl.{key}={rl.get(key)!r} must be True or False.")
-    task = config.get("data", {}).get("task")
-    if rl.get("stop_at_eos", False) and task != "countdown":
-        raise ValueError(
-            f"config.rl.stop_at_eos cuts a completion at its first EOS; the {task!r} task's completions "
-            "have none: set it to False."
+    if rl.get("stop_at_eos", False):
+        require(
+            get_task(config.get("data", {}).get("task", "text")),
+            CutsCompletionsAtEos,
+            "config.rl.stop_at_eos (it cuts a completion at its first EOS)",
+            "set it to False",
         )
     settings = rollout_settings(config)
     check_paper_options(config)
@@ -239,11 +239,12 @@ def build_objective(config: ml_collections.ConfigDict, exp) -> Any:
             )
         null = str(config.diffusion.get("null_signal", "zeros"))
         if rl.get("scorer", "mean_field") == "trajectory":
-            if not getattr(exp.task, "records_commit_order", False):
-                raise ValueError(
-                    f"config.rl.scorer='trajectory' needs rollouts that record the pass that wrote each token; the "
-                    f"{exp.task.name!r} task's rollouts do not (Sudoku's in-place sampler does): use 'mean_field'."
-                )
+            require(
+                exp.task,
+                RecordsCommitOrder,
+                "config.rl.scorer='trajectory' (it reads the pass that wrote each completion token)",
+                "use 'mean_field'",
+            )
             scorer = TrajectoryScorer(
                 exp.model,
                 exp.process.mask_id,
@@ -324,20 +325,14 @@ class RLRun:
     base: base_weights.Base
     objective: Any
     stream: RolloutStream
-    adapter: lora_lib.LoRA | None
-    init_fn: Any
-    loss_fn: Any
-    axes_fn: Any
-    trainable_mask: Any
-    policy_params: Any  # state params -> the weights the model computes with (LoRA: merged)
+    trainable: finetune.Trainable  # full or LoRA: init, mask, axes, merged weights (`trainable.weights`)
+    loss_fn: Any  # the objective as a loss of the state's parameters, with the rollout metrics
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
     """Loads the starting weights, resolves and saves the config, builds the experiment, objective and rollouts."""
-    from hackable_diffusion import experiment as exp_lib
-
     if "rl" not in config:
-        raise ValueError("the config has no rl section: build it with recipes.rl_sections (configs/rl_sudoku.py).")
+        raise ValueError("the config has no rl section: build it with hackable_diffusion.rl.settings.rl_sections (configs/rl_sudoku.py).")
     autoregressive = starting_diffusion(config).process == "none"
     check_rl_config(config, autoregressive=autoregressive)  # the objective fits the run, before any weight is read
     check_unshifted_start(config)
@@ -350,26 +345,10 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
     if base.source != "scratch" and not base_weights.has_checkpoints(path):  # the init table and init_report.json
         base_weights.report_start(base, exp.model, config, path)
     check_rl_config(config, autoregressive=exp.is_autoregressive)
-    for hook in ("rl_prompts", "rollout", "reward", "policy_rows"):
-        if not hasattr(exp.task, hook):
-            raise ValueError(f"the {exp.task.name!r} task has no RL hook {hook}(); RL runs on sudoku and countdown.")
+    require(exp.task, RewardTask, "RL (rl_prompts, rollout, reward and policy_rows)")
     objective = build_objective(config, exp)
-    adapter = builders.build_adapter(config)
-    base_params = base.params
-    if adapter is None:
-        init_fn = lambda key: jax.tree.map(jnp.asarray, base_params)  # noqa: E731
-        loss_fn, axes_fn, mask = objective, partitioning.logical_axes, None
-        policy_params = lambda params: params  # noqa: E731
-        held_reference = jax.tree.map(jnp.asarray, base_params)
-        reference_params = lambda params: held_reference  # noqa: E731
-    else:
-        init_fn = functools.partial(lora_lib.init_state, adapter, base_params)
-        loss_fn = lora_lib.lora_loss_fn(adapter, objective)
-        mask, axes_fn = lora_lib.trainable_mask, lora_lib.logical_axes
-        merge = jax.jit(adapter.merge)
-        policy_params = lambda params: merge(params[lora_lib.BASE_KEY], params[lora_lib.LORA_KEY])  # noqa: E731
-        reference_params = lambda params: params[lora_lib.BASE_KEY]  # noqa: E731
-    loss_fn = with_draws_metric(loss_fn)
+    trainable = finetune.Trainable.from_config(config, base.params)
+    loss_fn = with_draws_metric(trainable.loss_fn(objective))
     if config.rl.get("skip_uninformative_steps", False):
         loss_fn = with_update_gate(loss_fn, expert_iteration=config.rl.objective == "expert_iteration")
     stream = RolloutStream(
@@ -377,26 +356,22 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
         settings=rollout_settings(config),
         rollout_config=rollout_config(config),
         scorer=objective.scorer,
-        policy_params=policy_params,
-        reference_params=reference_params if float(config.rl.kl_beta) > 0 else None,
+        policy_params=trainable.weights,
+        reference_params=trainable.reference if float(config.rl.kl_beta) > 0 else None,
         needs_old_log_probs=objective.needs_old_log_probs,
         reward_kwargs={"shaped": True} if config.rl.shaped_reward else None,
     )
-    return RLRun(config, exp, base, objective, stream, adapter, init_fn, loss_fn, axes_fn, mask, policy_params)
+    return RLRun(config, exp, base, objective, stream, trainable, loss_fn)
 
 
 def run_rl(config: ml_collections.ConfigDict, workdir: str):
     """Trains as `config` describes in `workdir` (rerunning resumes); returns the final TrainState. The workdir is
     locked against a second writer meanwhile, and a start that fails before training begins removes what it wrote
-    (`WorkdirLock`'s undo_failed_start)."""
-    lock = WorkdirLock(workdir, undo_failed_start=True) if jax.process_index() == 0 else None
-    with lock if lock is not None else contextlib.nullcontext():
-        return _run_rl(config, workdir, started=lock.started if lock is not None else lambda: None)
+    (`finetune.locked_start`)."""
+    return finetune.locked_start(workdir, lambda started: _run_rl(config, workdir, started))
 
 
-def _run_rl(config: ml_collections.ConfigDict, workdir: str, started=lambda: None):
-    from hackable_diffusion.training import loop, sharding
-
+def _run_rl(config: ml_collections.ConfigDict, workdir: str, started):
     if jax.process_count() > 1:
         raise ValueError("RL rollouts run in one process; start `hackable_diffusion.rl` without jax.distributed.")
     run = setup(config, workdir)
@@ -407,15 +382,10 @@ def _run_rl(config: ml_collections.ConfigDict, workdir: str, started=lambda: Non
             f"a rollout batch of {settings.batch_rows} rows (rl.prompts_per_rollout x rl.group_size) does not divide "
             f"over the {mesh.devices.size} devices of the mesh; change one of them or config.mesh."
         )
-    task_eval = run.exp.task.eval_fn(run.exp, workdir)
-
-    def eval_fn(params, ema_params):
-        return task_eval(run.policy_params(params), None if ema_params is None else run.policy_params(ema_params))
-
     if jax.process_index() == 0:
-        what = f"LoRA rank {run.adapter.rank}" if run.adapter else "full"
         print(
-            f"RL ({config.rl.objective}) from {run.base.source}: {what}; {len(run.stream.prompts):,} prompts, "
+            f"RL ({config.rl.objective}) from {run.base.source}: {run.trainable.describe()}; "
+            f"{len(run.stream.prompts):,} prompts, "
             f"{settings.prompts_per_rollout} x {settings.group_size} completions per rollout, "
             f"{settings.inner_updates} update(s) per rollout"
             + (
@@ -425,18 +395,15 @@ def _run_rl(config: ml_collections.ConfigDict, workdir: str, started=lambda: Non
             ),
             flush=True,
         )
-    started()  # from here a failure keeps what the run wrote
-    return loop.train(
-        workdir=workdir,
-        init_fn=run.init_fn,
+    return finetune.finetune(
+        config,
+        workdir,
+        trainable=run.trainable,
         loss_fn=run.loss_fn,
         train_iterator=run.stream,
-        loop=loop.LoopConfig.from_config(config.train, seed=config.seed),
-        optimizer_cfg=builders.optimizer_config(config),
+        started=started,
+        task_eval=run.exp.task.eval_fn(run.exp, workdir),
         mesh=mesh,
-        param_logical_axes_fn=run.axes_fn,
-        eval_fn=eval_fn if config.train.eval_every else None,
-        trainable_mask=run.trainable_mask,
         hooks=(RolloutReport(int(config.train.log_every)),),
         before_step=(run.stream.prepare,),
     )

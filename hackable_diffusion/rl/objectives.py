@@ -130,23 +130,33 @@ def score(scorer, params, batch: dict[str, Array]) -> tuple[Float[Array, "b l"],
     return scorer(params, batch["tokens"], batch["completion"], batch["prompt_masked"], *order, **masked)
 
 
+def reference_k3(log_probs: Float[Array, "b l"], batch: dict[str, Array]) -> Float[Array, "b l"]:
+    """k3 per token against the batch's reference; exactly 0 (value and gradient) in rows without one, whose
+    `ref_log_probs` are placeholders: the reference is replaced by the row's own (stopped) log-probs there, so a
+    very unlikely token cannot overflow exp(ref - l) into inf x 0 = NaN."""
+    has = batch["has_reference"][:, None] > 0
+    ref = jnp.where(has, batch["ref_log_probs"], jax.lax.stop_gradient(log_probs))
+    return k3_kl(log_probs, ref)
+
+
 def reference_kl(log_probs: Float[Array, "b l"], batch: dict[str, Array]) -> Float[Array, ""]:
-    """Mean k3 KL per completion token over valid rows; 0 for rows without reference log-probs."""
-    per_row = row_means(k3_kl(log_probs, batch["ref_log_probs"]), batch["completion"]) * batch["has_reference"]
+    """Mean k3 KL per completion token over valid rows (a per-row mean, then the mean over valid rows, unlike the
+    clipped objectives' token normalisation); 0 for rows without reference log-probs."""
+    per_row = row_means(reference_k3(log_probs, batch), batch["completion"]) * batch["has_reference"]
     return valid_mean(per_row, batch["valid"])
 
 
 def all_rows_kl(log_probs: Float[Array, "b l"], batch: dict[str, Array]) -> Float[Array, ""]:
     """GRPO's paper's KL term: each row's mean k3 KL per completion token, then the mean over ALL rows (tied groups
     included; 0 for rows without reference log-probs)."""
-    per_row = row_means(k3_kl(log_probs, batch["ref_log_probs"]), batch["completion"]) * batch["has_reference"]
+    per_row = row_means(reference_k3(log_probs, batch), batch["completion"]) * batch["has_reference"]
     return jnp.mean(per_row)
 
 
 def token_kl(log_probs: Float[Array, "b l"], batch: dict[str, Array]) -> Float[Array, ""]:
     """d1's KL term: the k3 KL summed over every row's completion tokens, divided by their count (0 for rows without
     reference log-probs)."""
-    per_token = k3_kl(log_probs, batch["ref_log_probs"]) * batch["has_reference"][:, None]
+    per_token = reference_k3(log_probs, batch) * batch["has_reference"][:, None]
     return batch_token_mean(per_token, batch["completion"])
 
 

@@ -4,7 +4,8 @@
 `inner_updates` (mu) steps it makes a new rollout: the next K prompts (`Task.rl_prompts`, a seeded permutation per
 epoch), each repeated G times, completed by `Task.rollout` with the current weights (the task's jitted sampler at
 the rollout temperature; row i's randomness is its own, so the G copies differ), scored by `Task.reward`, turned
-into group-relative advantages and into the rows the policy scores (`Task.policy_rows`). For each inner update j it
+into group-relative advantages and into the rows the policy scores (`Task.policy_rows`); these hooks are the task's
+`tasks.capabilities.RewardTask`. For each inner update j it
 draws the prompt mask (each prompt position masked with probability `prompt_mask_prob`, diffusion runs only) and,
 when the objective needs them, precomputes the old policy's per-token log-probs under that mask, and the
 reference's when a KL term is on (`reference_params`; without one, the KL metric compares with the old policy, and
@@ -24,8 +25,9 @@ themselves (exact bytes), so a run resumed anywhere replays the same batches: a 
 functions of (seed, draw index) alone, the prompt masks of (seed, rollout index).
 
 A trajectory scorer (`scorers.TrajectoryScorer`, `needs_commit_pass`) also needs the pass at which the sampler wrote
-each completion token: the stream then asks the task for it (`rollout(..., record_order=True)`) and puts it in the
-rows (`policy_rows(..., commit_pass=...)`) as `commit_pass`. When the task's rows score less than the sampler wrote
+each completion token: the stream then asks the task for it (`rollout_with_commit_order`, the task's
+`tasks.capabilities.RecordsCommitOrder`) and puts it in the rows (`policy_rows(..., commit_pass=...)`) as
+`commit_pass`. When the task's rows score less than the sampler wrote
 (`rl.stop_at_eos` in place: `completion` ends at the first EOS), they also hold `masked`, every written position: the
 scorers keep all of them masked, and the batch carries it.
 """
@@ -193,8 +195,8 @@ class RolloutStream:
         prompts = np.repeat(self.prompts[chosen], s.group_size, axis=0)
         seed = int(np.random.default_rng([s.seed, draw, 1]).integers(2**31 - 1))
         if self.needs_order:
-            completions, order = self.task.rollout(
-                self.exp, params, prompts, seed=seed, config=self.rollout_config, record_order=True
+            completions, order = self.task.rollout_with_commit_order(
+                self.exp, params, prompts, seed=seed, config=self.rollout_config
             )
             completions, order = np.asarray(completions), np.asarray(order, np.int32)
         else:

@@ -17,8 +17,8 @@ docs/reference.md §2.4-2.7). Step i of S runs at noise level t_i = 1 - i/S:
     canvas  = done_before ? canvas : new                      # a finished row never changes again
 
 Step 0 uses the null self-conditioning signal (`null_signal="zeros"` as gemma.diffusion, or "mean_embedding" as the
-hackable_diffusion adapter). The sampler pieces (`DiffusionSampler`) are small frozen dataclasses passed as static
-jit arguments, so one config line swaps any of them.
+hackable_diffusion adapter). The sampler pieces (`DiffusionSampler`, `sampler.py`) are small frozen dataclasses
+passed as static jit arguments, so one config line swaps any of them.
 
 Differences from the reference, on purpose:
   * Fixed positions (`fixed`: a puzzle's givens, infill context) are never changed and are left out of selection and
@@ -48,7 +48,6 @@ Differences from the reference, on purpose:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -61,213 +60,15 @@ from jax.experimental import io_callback
 from jaxtyping import Array, Bool, Float, Int
 
 from hackable_diffusion.diffusion import token_shift as shift_lib
-from hackable_diffusion.diffusion.processes import MaskingProcess, NoiseProcess, UniformProcess
-from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import KVCache
 from hackable_diffusion.models.config import resolve_dtype
-from hackable_diffusion.models.self_conditioning import NULL_SIGNALS
 from hackable_diffusion.sampling import vocab_chunks
-from hackable_diffusion.sampling.constraints import LogitConstraint
-from hackable_diffusion.sampling.draws import BlockedInverseCdf, GumbelMax
-from hackable_diffusion.sampling.early_stopping import EarlyStopping, diffusiongemma_early_stopping
-from hackable_diffusion.sampling.selection import NEG_LOGIT, EntropyBound, LogitSummary, SelectionRule, StepInfo
-from hackable_diffusion.sampling.temperature import AnnealedTemperature, Temperature
-from hackable_diffusion.sampling.views import PermutationViews
-
-
-@dataclasses.dataclass(frozen=True)
-class DiffusionSampler:
-    """Everything that defines how a canvas is denoised; defaults are DiffusionGemma's (docs/reference.md §2.1) except the process.
-
-    self_conditioning: None = use it iff the model has a self-conditioner; True = require it; False = feed the null
-      signal at every step (a model without a self-conditioner gets plain token embeddings).
-    score_temperature: None = the selection rule scores the temperature-shaped logits the tokens are drawn from
-      (DiffusionGemma: entropies of the annealed distribution); a float = it scores logits / score_temperature
-      instead (1.0: the model's own probabilities, as Kim et al. 2025 rank by, while tokens are drawn near-greedily).
-      A near-zero sampling temperature saturates every confidence at 1 and every entropy at 0, so the ranking then
-      degenerates to ties broken by position (left to right); scoring at 1.0 keeps the model's ranking.
-    sc_temperature: None = the self-conditioning signal fed to the next step is the expected embedding under the
-      temperature-shaped logits (docs/reference.md §1.6); a float = under `biased logits / sc_temperature` instead (the
-      logit bias and any constraint applied; 1.0 = the model's own probabilities, which is what training feeds back:
-      the first pass's raw logits). Only matters for a model with a self-conditioner; a near-zero sampling temperature
-      (a puzzle task drawing at 0.1) otherwise feeds back near one-hot beliefs the model never saw in training.
-    views: None = one model call per step; PermutationViews = the step's logits are the mean log-probabilities of the
-      model over K relabelled copies of the canvas, batched (views.py; K x the FLOPs, the same number of passes). The
-      cached prefix is shared, not relabelled: meant for a task solved in place on an empty cache (a grid puzzle).
-    draw: how each position's candidate is drawn from the shaped logits (draws.py): `GumbelMax()` as the reference,
-      or `BlockedInverseCdf()`, the same distribution at a fraction of the cost (other tokens for the same key).
-    vocab_chunk: 0 = the step computes on whole-vocabulary arrays (several float32 [b, c, v] temporaries at once);
-      N > 0 = it scans the vocabulary in chunks of N ids (vocab_chunks.py), holding [b, c, N] ones: the same
-      candidates for the same keys, scores and self-conditioning equal to float32 rounding. Needs a selection rule and
-      early stopping that read the logits only through entropies, confidences, margins and argmaxes (`chunkable()`,
-      every built-in one), no `views`, and with `BlockedInverseCdf` a multiple of its block.
-    commit: uniform process only: accepted tokens stay decided (as under a masking process) and each step re-noises
-      only the free positions not yet decided; False = the reference, every free position re-decided at every step.
-    token_shift: the model was trained with the token shift (diffusion/token_shift.py, `diffusion.token_shift`):
-      position j of the canvas reads the model's logits at j - 1 and position 0 the logits of the last real token
-      before the canvas, which `denoise_canvas` then needs (`before_logits`; `generate` keeps them). Not with `views`
-      or self-conditioning.
-    """
-
-    process: NoiseProcess
-    selection: SelectionRule = EntropyBound(0.1)
-    temperature: Temperature = AnnealedTemperature()
-    early_stopping: EarlyStopping = diffusiongemma_early_stopping()
-    num_steps: int = 48
-    canvas_length: int = 256
-    self_conditioning: bool | None = None
-    null_signal: str = "zeros"
-    forbidden_tokens: tuple[int, ...] = ()
-    score_temperature: float | None = None
-    sc_temperature: float | None = None
-    constraint: LogitConstraint | None = None
-    views: PermutationViews | None = None
-    draw: GumbelMax | BlockedInverseCdf = GumbelMax()
-    vocab_chunk: int = 0
-    token_shift: bool = False
-    commit: bool = False
-
-    def __post_init__(self):
-        checks = (
-            ("process", NoiseProcess),
-            ("selection", SelectionRule),
-            ("temperature", Temperature),
-            ("early_stopping", EarlyStopping),
-        )
-        for name, kind in checks:
-            if not isinstance(getattr(self, name), kind):
-                raise ValueError(f"DiffusionSampler.{name} must be a {kind.__name__}, got {getattr(self, name)!r}.")
-        for name in ("num_steps", "canvas_length"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"DiffusionSampler.{name} must be an int >= 1, got {value!r}.")
-        if self.null_signal not in NULL_SIGNALS:
-            raise ValueError(f"DiffusionSampler.null_signal must be one of {NULL_SIGNALS}, got {self.null_signal!r}.")
-        if not isinstance(self.draw, (GumbelMax, BlockedInverseCdf)):
-            raise ValueError(f"DiffusionSampler.draw must be GumbelMax() or BlockedInverseCdf(), got {self.draw!r}.")
-        if self.selection.remasks and not self.persistent:
-            raise ValueError(
-                f"{type(self.selection).__name__} re-masks committed tokens and needs a MaskingProcess, "
-                f"got {type(self.process).__name__}."
-            )
-        forbidden = tuple(int(i) for i in self.forbidden_tokens)
-        bad = [i for i in forbidden if not 0 <= i < self.process.vocab_size]
-        if bad:
-            raise ValueError(f"DiffusionSampler.forbidden_tokens {bad} are outside [0, {self.process.vocab_size}).")
-        object.__setattr__(self, "forbidden_tokens", forbidden)
-        if self.constraint is not None and not isinstance(self.constraint, LogitConstraint):
-            raise ValueError(f"DiffusionSampler.constraint must be a LogitConstraint or None, got {self.constraint!r}.")
-        if self.views is not None:
-            if not isinstance(self.views, PermutationViews):
-                raise ValueError(f"DiffusionSampler.views must be PermutationViews or None, got {self.views!r}.")
-            if self.views.vocab_size != self.process.vocab_size:
-                raise ValueError(
-                    f"DiffusionSampler.views relabel {self.views.vocab_size} token ids, the process has "
-                    f"{self.process.vocab_size}."
-                )
-        if self.sc_temperature is not None and not self.sc_temperature > 0:
-            raise ValueError(
-                f"DiffusionSampler.sc_temperature must be None (feed back the sampling distribution) or > 0, got "
-                f"{self.sc_temperature!r}."
-            )
-        if self.score_temperature is not None and not self.score_temperature > 0:
-            raise ValueError(
-                f"DiffusionSampler.score_temperature must be None (score the sampling distribution) or > 0, got "
-                f"{self.score_temperature!r}."
-            )
-        if self.commit and self.persistent:
-            raise ValueError(
-                "DiffusionSampler.commit keeps a uniform sampler's accepted tokens; a masking process always keeps "
-                "them: leave commit=False."
-            )
-        if self.token_shift and self.views is not None:
-            raise ValueError(
-                "DiffusionSampler.token_shift reads each position's logits from its left neighbour; relabelled views "
-                "(a grid puzzle solved in place) have no such order. Use views=None or token_shift=False."
-            )
-        self._check_vocab_chunk()
-
-    def _check_vocab_chunk(self):
-        chunk = self.vocab_chunk
-        if not isinstance(chunk, (int, np.integer)) or isinstance(chunk, bool) or chunk < 0:
-            raise ValueError(f"DiffusionSampler.vocab_chunk must be an int >= 0 (0 = off), got {chunk!r}.")
-        object.__setattr__(self, "vocab_chunk", int(chunk))
-        if not chunk:
-            return
-        if not self.selection.chunkable():
-            raise ValueError(
-                f"DiffusionSampler.vocab_chunk: the selection rule {self.selection!r} may read the whole distribution "
-                f"and cannot be computed in vocabulary chunks; use vocab_chunk=0."
-            )
-        if not self.early_stopping.chunkable():
-            raise ValueError(
-                f"DiffusionSampler.vocab_chunk: the early-stopping rule {self.early_stopping!r} may read the whole "
-                f"distribution and cannot be computed in vocabulary chunks; use vocab_chunk=0."
-            )
-        if self.views is not None:
-            raise ValueError(
-                "DiffusionSampler.vocab_chunk cannot be combined with views (each view's log-probabilities are a "
-                "[b, c, v] array of their own); use vocab_chunk=0."
-            )
-        v = self.process.vocab_size
-        if isinstance(self.draw, BlockedInverseCdf) and chunk < v and chunk % min(self.draw.block, v):
-            raise ValueError(
-                f"DiffusionSampler.vocab_chunk {chunk} must be a multiple of BlockedInverseCdf.block "
-                f"{self.draw.block} (or >= the vocabulary, {v})."
-            )
-
-    @classmethod
-    def diffusiongemma(cls, vocab_size: int, **overrides: Any) -> DiffusionSampler:
-        """The reference sampler: uniform process over the whole vocabulary, entropy bound 0.1, annealed 0.8 -> 0.4,
-        stability AND entropy <= 0.005, 48 steps, canvases of 256."""
-        return cls(process=UniformProcess(vocab_size, LinearSchedule()), **overrides)
-
-    def replace(self, **changes: Any) -> DiffusionSampler:
-        return dataclasses.replace(self, **changes)
-
-    @property
-    def persistent(self) -> bool:
-        """True for a masking process: decided tokens stay decided."""
-        return isinstance(self.process, MaskingProcess)
-
-    @property
-    def keeps_decisions(self) -> bool:
-        """True when accepted tokens stay: a masking process, or a uniform one with `commit`."""
-        return self.persistent or self.commit
-
-    def uses_self_conditioning(self, model: T.Transformer) -> bool:
-        if self.self_conditioning and not model.cfg.self_conditioning:
-            raise ValueError(
-                "DiffusionSampler.self_conditioning=True but the model has no self-conditioner "
-                "(model.self_conditioning=False); set it to None or False."
-            )
-        return model.cfg.self_conditioning if self.self_conditioning is None else self.self_conditioning
-
-    def logit_bias(self) -> Float[Array, "v"]:
-        """0 for allowed tokens, -1e30 for forbidden ones (and the mask token of a masking process)."""
-        bias = np.zeros(self.process.vocab_size, np.float32)
-        bias[list(self.forbidden_tokens)] = NEG_LOGIT
-        if self.persistent:
-            bias[self.process.mask_id] = NEG_LOGIT
-        return jnp.asarray(bias)
-
-    def initial_canvas(
-        self,
-        keys: Array,
-        batch_size: int,
-        *,
-        fixed: Bool[Array, "b c"] | None = None,
-        fixed_tokens: Int[Array, "b c"] | None = None,
-    ) -> Int[Array, "b c"]:
-        """A canvas drawn from the prior (one key per row), with `fixed_tokens` written where `fixed`."""
-        keys = row_keys(keys, batch_size)
-        canvas = jax.vmap(lambda k: self.process.prior_sample(k, (self.canvas_length,)))(keys).astype(jnp.int32)
-        if fixed is not None:
-            if fixed_tokens is None:
-                raise ValueError("fixed was given without fixed_tokens (the tokens to keep at those positions).")
-            canvas = jnp.where(fixed, jnp.asarray(fixed_tokens, jnp.int32), canvas)
-        return canvas
+from hackable_diffusion.sampling.draws import GumbelMax
+from hackable_diffusion.sampling.keys import row_keys
+from hackable_diffusion.sampling.sampler import DiffusionSampler
+from hackable_diffusion.sampling.scores import NEG_LOGIT, LogitSummary
+from hackable_diffusion.sampling.selection_base import StepInfo
 
 
 @flax.struct.dataclass
@@ -288,54 +89,6 @@ def commit_passes(trajectory: Int[np.ndarray, "s b c"], fixed: Bool[np.ndarray, 
     written = np.asarray(trajectory) != mask_id
     first = np.argmax(written, axis=0).astype(np.int32)
     return np.where(written.any(axis=0) & ~np.asarray(fixed, bool), first, -1).astype(np.int32)
-
-
-def row_keys(key: Any, batch_size: int) -> Array:
-    """One typed PRNG key per row: an int seed or a single key gives fold_in(key, row); (b,) keys are used as is.
-
-    To reproduce a row alone, pass that row's key (e.g. `keys[i:i+1]`), not the batch's single key.
-    """
-    if isinstance(key, (int, np.integer)):
-        key = jax.random.key(int(key))
-    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
-    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        if key.dtype != jnp.uint32 or key.shape[-1:] != (2,):
-            raise ValueError(
-                f"key must be an int seed, a jax.random.key or raw uint32 key data, got dtype {key.dtype} "
-                f"shape {key.shape}."
-            )
-        key = jax.random.wrap_key_data(key)
-    if key.ndim == 0:
-        return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch_size))
-    if key.shape != (batch_size,):
-        raise ValueError(
-            f"got {key.shape[0] if key.ndim else 1} keys for a batch of {batch_size} rows; pass one key "
-            f"per row or a single key."
-        )
-    return key
-
-
-ROW_KEY_BLOCK = 64  # `row_key_data` folds row indices in blocks of this many: one compiled program for any count
-
-
-@jax.jit
-def _row_key_block(key: Array, start: Int[Array, ""]) -> Array:
-    rows = start + jnp.arange(ROW_KEY_BLOCK)
-    return jax.random.key_data(jax.vmap(lambda i: jax.random.fold_in(key, i))(rows))
-
-
-def row_key_data(key: Any, count: int) -> np.ndarray:
-    """The raw data ((count, 2) uint32, on the host) of `row_keys(key, count)`: row i is fold_in(key, i). Made in
-    blocks of ROW_KEY_BLOCK rows, so any count runs the same compiled program (`row_keys(key, count)` compiles one per
-    count), and indexed, padded and sliced with numpy, never on the device; pass a slice as `key` to the samplers,
-    which take raw key data."""
-    typed = jax.random.key(int(key)) if isinstance(key, (int, np.integer)) else jnp.asarray(key)
-    if not jnp.issubdtype(typed.dtype, jax.dtypes.prng_key):
-        typed = jax.random.wrap_key_data(typed)
-    if typed.ndim != 0:
-        raise ValueError(f"row_key_data needs an int seed or a single key, got {typed.shape[0]} keys.")
-    blocks = [np.asarray(_row_key_block(typed, np.int32(s))) for s in range(0, count, ROW_KEY_BLOCK)]
-    return np.concatenate(blocks)[:count] if blocks else np.zeros((0, 2), np.uint32)
 
 
 @functools.partial(jax.jit, static_argnames=("model",))

@@ -34,7 +34,7 @@ from typing import Any
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from hackable_diffusion.sampling.selection import LogitSummary, entropy, top_index
+from hackable_diffusion.sampling.scores import LogitSummary, entropy, top_index
 
 
 @dataclasses.dataclass(frozen=True)

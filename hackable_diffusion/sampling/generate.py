@@ -1,4 +1,4 @@
-"""Block-autoregressive diffusion generation with an exact KV cache, and the autoregressive baseline decoder.
+"""Block-autoregressive diffusion generation with an exact KV cache.
 
 Reference: DiffusionGemma's `DiffusionSampler._sample_step` and `SamplerLoop` (google-deepmind/gemma;
 docs/reference.md §2.2-2.3 and §5):
@@ -28,9 +28,8 @@ Differences from the reference, on purpose:
     keep a fixed suffix after a generated EOS.
   * `max_new_tokens` need not be a multiple of the canvas length: whole canvases are generated and the output is cut.
 
-The autoregressive baseline (`generate_ar`) runs the same backbone causally with the KV cache: prefill, then one
-jit-compiled one-token decode step inside a `lax.while_loop` (compiled once), with greedy, temperature, top-k and top-p
-(nucleus) sampling in float32 and per-row EOS stopping.
+Prompt batches, the prefill and `GenerationResult` are `prompts.py`'s, shared with the autoregressive baseline
+(`autoregressive.py`: `generate_ar`, the same backbone decoded causally one token at a time).
 """
 
 from __future__ import annotations
@@ -49,101 +48,18 @@ from jaxtyping import Array, Bool, Float, Int
 from hackable_diffusion.data.tokenizers import EOS_ID, PAD_ID
 from hackable_diffusion.diffusion import token_shift as shift_lib
 from hackable_diffusion.models import transformer as T
-from hackable_diffusion.models.attention import KVCache, init_cache
-from hackable_diffusion.sampling.canvas import DiffusionSampler, _denoise, denoise_canvas, row_keys
-from hackable_diffusion.sampling.selection import NEG_LOGIT
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationResult:
-    """tokens: (b, max_new_tokens), PAD after each row's first stop token (kept) and after the generated length.
-    lengths: tokens produced per row, up to and including the first stop token.
-    steps: (b, num_canvases) denoising steps per canvas and row (0 once a row is done); None for the AR decoder.
-    forward_passes: batched model calls (prefill + denoising steps + commits, or prefill + decode steps).
-    trajectories: per canvas, the (steps, b, canvas_length) canvases after every step, if asked.
-    cache: the final KV cache (prompt and every committed canvas)."""
-
-    tokens: np.ndarray
-    lengths: np.ndarray
-    forward_passes: int
-    steps: np.ndarray | None = None
-    trajectories: tuple[np.ndarray, ...] | None = None
-    cache: KVCache | None = None
-
-    @property
-    def num_canvases(self) -> int:
-        return 0 if self.steps is None else self.steps.shape[1]
-
-
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> tuple[Int[Array, "b p"], Bool[Array, "b p"]]:
-    """Right-pads ragged token lists into (tokens, token_mask)."""
-    rows = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
-    if not rows:
-        raise ValueError("prompts is empty; give at least one prompt.")
-    width = max(len(r) for r in rows)
-    tokens = np.full((len(rows), width), pad_id, np.int32)
-    mask = np.zeros((len(rows), width), bool)
-    for i, r in enumerate(rows):
-        tokens[i, : len(r)] = r
-        mask[i, : len(r)] = True
-    return jnp.asarray(tokens), jnp.asarray(mask)
-
-
-def _as_prompt_batch(prompts, prompt_mask) -> tuple[Array, Array]:
-    if isinstance(prompts, (list, tuple)) and (not prompts or not np.isscalar(prompts[0])):
-        if prompt_mask is not None:
-            raise ValueError("prompt_mask is only for a padded (batch, width) array; ragged lists are padded here.")
-        tokens, mask = pad_prompts(prompts)
-    else:
-        tokens = jnp.asarray(prompts, jnp.int32)
-        if tokens.ndim == 1:
-            tokens = tokens[None]
-        mask = (
-            jnp.ones(tokens.shape, bool)
-            if prompt_mask is None
-            else jnp.asarray(prompt_mask, bool).reshape(tokens.shape)
-        )
-    if tokens.ndim != 2 or tokens.shape[1] == 0:
-        raise ValueError(
-            f"prompts must be (batch, width >= 1) token ids, got shape {tokens.shape}; an empty prompt "
-            f"has nothing to condition on: start it with BOS (tokenizers.BOS_ID)."
-        )
-    empty = np.flatnonzero(~np.asarray(mask).any(axis=1))
-    if empty.size:
-        raise ValueError(
-            f"prompt rows {empty.tolist()} have no real token; start every prompt with BOS "
-            f"(tokenizers.BOS_ID), which is also how to ask for unconditional generation."
-        )
-    return tokens, mask
-
-
-def _check_max_new(max_new_tokens: int):
-    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
-
-
-def _stop_array(stop_tokens: Sequence[int]) -> Array:
-    return jnp.asarray(tuple(int(t) for t in stop_tokens) or (-1,), jnp.int32)  # -1 matches no token
-
-
-def _lengths(tokens: np.ndarray, stop_tokens: Sequence[int], produced: int) -> np.ndarray:
-    is_stop = np.isin(tokens, list(stop_tokens))
-    has_stop = is_stop.any(axis=1)
-    return np.where(has_stop, is_stop.argmax(axis=1) + 1, min(produced, tokens.shape[1])).astype(np.int32)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Block-autoregressive diffusion.
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@functools.partial(jax.jit, static_argnames=("model", "cache_length"))
-def prefill(
-    model: T.Transformer, params: Any, tokens: Int[Array, "b p"], token_mask: Bool[Array, "b p"], *, cache_length: int
-) -> tuple[Float[Array, "b p v"], KVCache]:
-    """Encodes right-padded prompts causally into a fresh cache of `cache_length` slots (end_index = p afterwards)."""
-    cache = init_cache(model.cfg, tokens.shape[0], cache_length)
-    return T.append(model, params, tokens, cache, token_mask=token_mask)
+from hackable_diffusion.models.attention import KVCache
+from hackable_diffusion.sampling.canvas import _denoise, denoise_canvas
+from hackable_diffusion.sampling.keys import row_keys
+from hackable_diffusion.sampling.prompts import (
+    GenerationResult,
+    _as_prompt_batch,
+    _check_max_new,
+    _lengths,
+    _stop_array,
+    prefill,
+)
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
@@ -568,118 +484,4 @@ def _generate_on_device(
         forward_passes=int(passes),
         steps=np.asarray(all_steps)[:, :done],
         cache=cache,
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Autoregressive baseline.
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ARSampling:
-    """Next-token sampling: temperature 0 is greedy; top_k 0 and top_p 1 are off. All in float32."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"ARSampling.temperature must be >= 0 (0 = greedy), got {self.temperature}.")
-        if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-            raise ValueError(f"ARSampling.top_k must be an int >= 0 (0 = off), got {self.top_k!r}.")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"ARSampling.top_p must lie in (0, 1] (1 = off), got {self.top_p}.")
-
-    def filter_logits(self, logits: Float[Array, "b v"]) -> Float[Array, "b v"]:
-        """Temperature-scaled logits with everything outside the top-k / nucleus set to -1e30 (ties are kept)."""
-        logits = logits.astype(jnp.float32) / self.temperature
-        if self.top_k:
-            kth = jax.lax.top_k(logits, min(self.top_k, logits.shape[-1]))[0][..., -1:]
-            logits = jnp.where(logits < kth, NEG_LOGIT, logits)
-        if self.top_p < 1:
-            sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
-            probs = jax.nn.softmax(sorted_logits, axis=-1)
-            mass_before = jnp.cumsum(probs, axis=-1) - probs
-            kept = jnp.where(mass_before < self.top_p, sorted_logits, jnp.inf)
-            threshold = jnp.min(kept, axis=-1, keepdims=True)  # smallest logit of the nucleus (top-1 always kept)
-            logits = jnp.where(logits < threshold, NEG_LOGIT, logits)
-        return logits
-
-    def __call__(self, keys: Array, logits: Float[Array, "b v"]) -> Int[Array, "b"]:
-        if self.temperature == 0:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        filtered = self.filter_logits(logits)
-        return jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
-
-
-@functools.partial(jax.jit, static_argnames=("model", "sampling", "max_new_tokens"))
-def _ar_decode(model, params, cache, first_logits, keys, stop, bias, *, sampling, max_new_tokens):
-    b = first_logits.shape[0]
-
-    def cond(state):
-        return (state["i"] < max_new_tokens) & ~jnp.all(state["done"])
-
-    def body(state):
-        i, done = state["i"], state["done"]
-        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, i))(keys)
-        token = sampling(step_keys, state["logits"] + bias)
-        token = jnp.where(done, PAD_ID, token)
-        logits, cache = T.append(model, params, token[:, None], state["cache"], token_mask=~done[:, None])
-        return dict(
-            i=i + 1,
-            done=done | jnp.isin(token, stop),
-            cache=cache,
-            logits=logits[:, 0].astype(jnp.float32),
-            tokens=state["tokens"].at[:, i].set(token),
-        )
-
-    state = dict(
-        i=jnp.zeros((), jnp.int32),
-        done=jnp.zeros((b,), bool),
-        cache=cache,
-        logits=first_logits.astype(jnp.float32),
-        tokens=jnp.full((b, max_new_tokens), PAD_ID, jnp.int32),
-    )
-    state = jax.lax.while_loop(cond, body, state)
-    return state["tokens"], state["i"], state["cache"]
-
-
-def generate_ar(
-    model: T.Transformer,
-    params: Any,
-    prompts: Int[Array, "b p"] | Sequence[Sequence[int]],
-    *,
-    key: Any,
-    max_new_tokens: int,
-    sampling: ARSampling = ARSampling(),
-    prompt_mask: Bool[Array, "b p"] | None = None,
-    stop_tokens: Sequence[int] = (EOS_ID,),
-    forbidden_tokens: Sequence[int] = (),
-) -> GenerationResult:
-    """Autoregressive decoding with the KV cache: prefill, then one token per step until every row hit a stop token
-    (kept, PAD after) or `max_new_tokens`. Row randomness comes from the row's own key, as in `generate`."""
-    tokens, mask = _as_prompt_batch(prompts, prompt_mask)
-    _check_max_new(max_new_tokens)
-    b, width = tokens.shape
-    logits, cache = prefill(model, params, tokens, mask, cache_length=width + max_new_tokens)
-    last_real = width - 1 - jnp.argmax(mask[:, ::-1], axis=1)
-    first_logits = jnp.take_along_axis(logits, last_real[:, None, None], axis=1)[:, 0]
-    bias = np.zeros(model.cfg.vocab_size, np.float32)
-    bias[[int(t) for t in forbidden_tokens]] = NEG_LOGIT
-    out, steps, cache = _ar_decode(
-        model,
-        params,
-        cache,
-        first_logits,
-        row_keys(key, b),
-        _stop_array(stop_tokens),
-        jnp.asarray(bias),
-        sampling=sampling,
-        max_new_tokens=max_new_tokens,
-    )
-    out = np.asarray(out)
-    return GenerationResult(
-        tokens=out, lengths=_lengths(out, stop_tokens, int(steps)), forward_passes=1 + int(steps), cache=cache
     )

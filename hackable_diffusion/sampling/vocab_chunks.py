@@ -51,7 +51,7 @@ from jaxtyping import Array, Bool, Float, Int
 from hackable_diffusion.models import quantize as Q
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.sampling.draws import _first_above
-from hackable_diffusion.sampling.selection import NEG_LOGIT, LogitSummary
+from hackable_diffusion.sampling.scores import NEG_LOGIT, LogitSummary
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The reference Gumbel stream, chunk by chunk.

@@ -35,7 +35,8 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from hackable_diffusion.serve import chat, metrics
-from hackable_diffusion.serve.engine import Engine, QueueFull, Request, RequestError, SamplerSettings
+from hackable_diffusion.serve.engine import Engine
+from hackable_diffusion.serve.requests import QueueFull, Request, RequestError, SamplerSettings
 
 PAGE = pathlib.Path(__file__).with_name("page") / "index.html"
 MAX_STOPS = 16  # OpenAI allows 4; lm-eval's local-completions sends a task's stop strings plus EOS untrimmed

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from absl import app, flags
 
 from hackable_diffusion import cli, run_config
+from hackable_diffusion.tasks.capabilities import GeneratesText, require
 
 FLAGS = flags.FLAGS
 _HAS_RUN = {"saved": False}
@@ -90,8 +91,7 @@ def load_engine(workdir: str, config, *, weights: str = "ema", model_name: str =
 
     run_dir = hf_runs.resolve_workdir(workdir)
     exp = exp_lib.build(config, run_dir, inference=True)
-    if exp.task.name != "text":
-        raise ValueError(f"{workdir} is a {exp.task.name!r} run; the server serves text runs.")
+    require(exp.task, GeneratesText, f"serving {workdir} (the server serves text)")
     params, _ = toolbox.load_params(exp, run_dir, weights=weights)
     init = config.get("init", {})
     template = chat.find_chat_template(init.get("checkpoint")) if init.get("kind") == "hf" else None
@@ -104,7 +104,7 @@ def warm_up(engine, prompt: str = "", max_tokens: int | None = None, batch_sizes
     batch with a streaming client runs the denoising loop with a per-step host callback: another program), so that
     the first clients do not wait for compilation; returns the seconds it took. The engine's statistics start afresh
     afterwards."""
-    from hackable_diffusion.serve.engine import EngineStats, Request, next_power_of_two
+    from hackable_diffusion.serve.requests import EngineStats, Request, next_power_of_two
 
     start = time.perf_counter()
     for size in sorted({1, engine.max_batch, *(next_power_of_two(b) for b in batch_sizes)}):

@@ -27,6 +27,8 @@ cancellation when the client goes away, metrics), built on the toolbox's own gen
 Deliberate differences from vLLM: batches are formed between generations (a request arriving mid-generation waits for
 the next one, no continuous batching), and a temperature of 0 is served as a near-greedy draw (1e-4) whose positions
 are ranked by the model's own probabilities (score temperature 1), since the diffusion sampler divides by it.
+
+What a request holds, its sampler settings, the errors and the counters are `requests.py`'s.
 """
 
 from __future__ import annotations
@@ -36,64 +38,27 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import jax
 import numpy as np
 
 from hackable_diffusion import builders, recipes
 from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, MASK_ID, NEVER_GENERATED
+from hackable_diffusion.sampling import autoregressive as ar_lib
 from hackable_diffusion.sampling import generate as gen_lib
+from hackable_diffusion.serve.requests import (
+    EngineStats,
+    QueueFull,
+    Request,
+    RequestError,
+    SamplerSettings,
+    cut_at_stop,
+    next_power_of_two,
+)
 
 GREEDY_TEMPERATURE = 1e-4  # what temperature 0 becomes in the diffusion sampler
 AUTO_VOCAB_CHUNK = 16_384  # vocabularies larger than this are scanned in chunks of it by default (vocab_chunks.py)
-
-
-class QueueFull(RuntimeError):
-    """The queue holds `max_queue` requests already."""
-
-
-class RequestError(ValueError):
-    """A request the engine cannot serve as asked (bad field, too long): the API answers 400 with its message."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplerSettings:
-    """The per-request sampler fields; requests with equal settings share one generation. None = the run's own."""
-
-    num_steps: int | None = None
-    selection_rule: str | None = None
-    selection_args: tuple[tuple[str, Any], ...] = ()  # the rule's arguments (recipes.SELECTION_ARGUMENTS)
-    temperature: float | None = None
-    first_canvas: int | None = None
-
-
-@dataclasses.dataclass
-class Request:
-    """One completion. `emit(event)` is called from the engine's threads with dicts:
-      {"type": "text", "text": delta}: text that became final (a step's decided prefix, or a canvas);
-      {"type": "step", "canvas": i, "step": s, "pieces": [text, or None where masked, per position]}: every
-        denoising step, when `want_steps`;
-      {"type": "done", "finish_reason": "stop" | "length", "text": all of it, "completion_tokens": n,
-        "prompt_tokens": p};
-      {"type": "error", "message": ..., "code": HTTP status}."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    emit: Callable[[dict[str, Any]], None]
-    stop: tuple[str, ...] = ()
-    seed: int = 0
-    settings: SamplerSettings = SamplerSettings()
-    want_steps: bool = False
-    stream: bool = False  # the client reads text as it comes: worth a host round trip per denoising step
-    timeout_s: float = 600.0
-    arrived: float = dataclasses.field(default_factory=time.monotonic)
-    cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
-    first_token_s: float | None = None
-
-    def cancel(self) -> None:
-        self.cancelled.set()
 
 
 @dataclasses.dataclass
@@ -114,34 +79,6 @@ class _Live:
     streams_decided_prefix: bool
     canvas: int = 0
     streamed: list[int] = dataclasses.field(default_factory=list)
-
-
-def next_power_of_two(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """The text before the earliest stop string, and whether one occurred."""
-    cut = min((text.index(s) for s in stops if s and s in text), default=None)
-    return (text, False) if cut is None else (text[:cut], True)
-
-
-@dataclasses.dataclass
-class EngineStats:
-    """Counters the metrics endpoint reads (updated by the worker thread)."""
-
-    requests: int = 0
-    completed: int = 0
-    cancelled: int = 0
-    timed_out: int = 0
-    rejected: int = 0
-    generated_tokens: int = 0
-    batches: int = 0
-    batch_rows: int = 0
-    batch_slots: int = 0
-    busy_s: float = 0.0
-    ttft_s: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=10_000))
-    latency_s: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=10_000))
 
 
 class Engine:
@@ -280,7 +217,7 @@ class Engine:
     def sampler_for(self, s: SamplerSettings):
         if self.is_autoregressive:
             t = self.exp.config.sampler.ar_temperature if s.temperature is None else s.temperature
-            return gen_lib.ARSampling(temperature=float(t))
+            return ar_lib.ARSampling(temperature=float(t))
         config = self.exp.config.copy_and_resolve_references()
         sc = config.sampler
         with sc.unlocked():
@@ -447,7 +384,7 @@ class Engine:
                     self._finish(row, "timeout")
             if all(row.done for row in rows):
                 return
-            result = gen_lib.generate_ar(
+            result = ar_lib.generate_ar(
                 self.exp.model,
                 self.params,
                 tokens,

@@ -4,16 +4,21 @@ The generic layers (models, diffusion, sampling, training) know nothing of a tas
 tokenizer), adapts the generic objective to its rows, feeds the training loop, scores the model during and after
 training, and may hand the sampler a constraint or symmetry views. Three tasks ship:
 
-* `text` (`tasks/text.py`): packed text corpora (tiny Shakespeare, PTB), likelihood (ELBO / exact NLL) in bits per
-  token / character or perplexity per word, samples and their generative perplexity.
+* `text` (`tasks/text_task.py`; its scores in `tasks/text.py`): packed text corpora (tiny Shakespeare, PTB),
+  likelihood (ELBO / exact NLL) in bits per token / character or perplexity per word, samples and their generative
+  perplexity.
 * `sudoku` (`tasks/sudoku/`): puzzles solved in place, as a canvas after a prompt, or left to right; the solver loop
   (repairs, restarts, a pass budget, parallel attempts), the rules constraint, the symmetry views and DiffusionGemma's
   Sudoku metrics.
 * `countdown` (`tasks/countdown/`): reach a target with arithmetic over given numbers, answered in place or left to
   right, scored by an exact verifier that also gives the reward of reinforcement learning.
 
-A task that can be post-trained from a verifiable reward (`python -m hackable_diffusion.rl`) also has the RL hooks of
-`RewardTask`: its prompts, a rollout with the run's own sampler, the reward, and the rows the policy scored.
+What only some tasks can do is a capability (`tasks/capabilities.py`): a `typing.Protocol` that a task has by
+defining its members, which generic code checks with `isinstance(exp.task, Capability)` (never the task's name):
+`HasCanvasSampler` (distillation's teacher), `RewardTask` (the RL hooks: prompts, a rollout with the run's own
+sampler, the reward, the rows the policy scored), `RecordsCommitOrder` (RL's trajectory scorer),
+`CutsCompletionsAtEos` (`rl.stop_at_eos`), `ScoresLmEvalPuzzles` (lm-eval's puzzle requests) and `GeneratesText`
+(`sample`, `serve`, lm-eval's text requests).
 
 `config.data.task` names the task; `get_task` is the one lookup. Each task owns its evaluation (`Task.evaluation_from_flags`: the flags
 `python -m hackable_diffusion.evaluate` takes for its runs), so the evaluate command itself is task-free.
@@ -33,7 +38,10 @@ EvalFn = Callable[[Any, Any], Mapping[str, float]]
 
 
 class Task(Protocol):
-    """What a task supplies to `experiment.build`, `train.py`, `evaluate.py` and the saved-config loader."""
+    """What every task supplies to `experiment.build`, `train.py`, `evaluate.py` and the saved-config loader. What
+    only some tasks supply is a capability of `tasks.capabilities` (`HasCanvasSampler`, `RewardTask`,
+    `RecordsCommitOrder`, `CutsCompletionsAtEos`, `ScoresLmEvalPuzzles`, `GeneratesText`), each a runtime-checkable
+    protocol that the code reading it checks with `isinstance`."""
 
     name: str
 
@@ -75,30 +83,8 @@ class Evaluation(Protocol):
     def __call__(self, exp: Experiment, params: Any, *, seed: int, load_run: Callable[[str], tuple]) -> dict: ...
 
 
-class RewardTask(Task, Protocol):
-    """The hooks `rl.rollouts.RolloutStream` calls (Sudoku and Countdown have them; text has no verifiable reward)."""
-
-    def rl_prompts(self, exp: Experiment) -> Any:
-        """The prompts RL trains on: an array with one problem per row, in the task's own encoding."""
-
-    def rollout(self, exp: Experiment, params: Any, prompts: Any, *, seed: int, config: Any) -> Any:
-        """One completion per prompt row from the run's jitted sampler (`config.sampler`: RL sets the temperature);
-        row i's randomness depends on (seed, i) alone. A task whose `records_commit_order` is True also takes
-        `record_order=True` and then returns (completions, the sampler pass that wrote each completion token, -1 where
-        none did), which RL's trajectory scorer reads."""
-
-    def reward(self, prompts: Any, completions: Any) -> Any:
-        """float32 (n,): 1.0 for an exactly right completion, 0.0 for a wrong or malformed one (never an exception);
-        a task may accept keyword options such as Sudoku's `shaped=True` partial credit (< 1)."""
-
-    def policy_rows(self, exp: Experiment, prompts: Any, completions: Any) -> dict:
-        """`{"tokens": int32 (n, l), "completion": bool (n, l)}`: the sequence the policy scores and which of its
-        positions the sampler generated (in place: the blanks; AR: the continuation after the prompt). With
-        `commit_pass=` (a task that records the order) the rows also carry it as `commit_pass` (n, l)."""
-
-
 TASKS = {
-    "text": "hackable_diffusion.tasks.text:TextTask",
+    "text": "hackable_diffusion.tasks.text_task:TextTask",
     "sudoku": "hackable_diffusion.tasks.sudoku.task:SudokuTask",
     "countdown": "hackable_diffusion.tasks.countdown.task:CountdownTask",
 }

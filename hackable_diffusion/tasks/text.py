@@ -1,4 +1,5 @@
-"""The text task: language modelling on a packed corpus (tiny Shakespeare, Penn Treebank).
+"""The text task's scores and generation: language modelling on a packed corpus (tiny Shakespeare, Penn Treebank).
+The `Task` itself is `text_task.TextTask`; `text_evaluation.py` is what `evaluate` runs on a text run.
 
 Data and tokenizers come from `data.text` (nanoGPT's Shakespeare split, Mikolov's PTB). Scores: the validation
 likelihood in bits per token, per character (Shakespeare) or perplexity per word (PTB) — the exact NLL of an
@@ -9,9 +10,7 @@ samples, which exposes a collapsed, repetitive sampler that a low perplexity alo
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import pathlib
 from typing import TYPE_CHECKING, Sequence
 
 import jax
@@ -24,93 +23,12 @@ from hackable_diffusion.data import text as text_lib
 from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, NEVER_GENERATED
 from hackable_diffusion.diffusion.training_losses import ArCE
 from hackable_diffusion.models import transformer as T
+from hackable_diffusion.sampling import autoregressive as ar_lib
 from hackable_diffusion.sampling import generate as gen_lib
+from hackable_diffusion.sampling.prompts import GenerationResult
 
 if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment
-
-
-@dataclasses.dataclass(frozen=True)
-class TextTask:
-    """`tasks.Task` for packed text corpora (`config.data`: corpus, tokenizer, vocab_size, seq_len, data_dir)."""
-
-    name: str = "text"
-
-    def check_config(self, config: ml_collections.ConfigDict) -> None:
-        d = config.data
-        text_lib.check_corpus(d.corpus, d.tokenizer, d.data_dir or None)
-
-    def upgrade_saved_config(self, config: ml_collections.ConfigDict) -> None:
-        pass  # no task-specific keys have changed
-
-    def build_data(self, config: ml_collections.ConfigDict, workdir: str):
-        if is_sft(config):  # prompt -> response examples (tasks/text_sft.py)
-            from hackable_diffusion.tasks import text_sft
-
-            return text_sft.build_sft_data(config, workdir)
-        d = config.data
-        return text_lib.build_text_data(
-            d.corpus, d.tokenizer, d.vocab_size or None, d.seq_len, workdir, data_dir=d.data_dir or None
-        )
-
-    def adapt_objective(self, config, model, objective):
-        return objective
-
-    def train_iterator(self, exp: Experiment, process_index: int, process_count: int):
-        if is_sft(exp.config):
-            from hackable_diffusion.tasks import text_sft
-
-            batch, seed = exp.config.data.batch_size, exp.config.seed
-            return text_sft.make_example_iterator(exp.data.train_examples, batch, seed, process_index, process_count)
-        return text_lib.make_train_iterator(
-            exp.data.train_sequences,
-            exp.config.data.batch_size,
-            exp.config.seed,
-            process_index=process_index,
-            process_count=process_count,
-        )
-
-    def eval_fn(self, exp: Experiment, workdir: str):
-        config = exp.config
-        if is_sft(config):
-            from hackable_diffusion.tasks import text_sft
-
-            return text_sft.sft_eval_fn(exp)
-
-        def evaluate(params, ema_params):
-            use = ema_params if ema_params is not None else params
-            out = evaluate_likelihood(exp, use, num_batches=config.eval.num_batches)
-            if config.eval.num_samples and jax.process_count() == 1:
-                prompts = [config.sampler.prompt] * config.eval.num_samples
-                texts, result = sample_texts(exp, use, prompts, seed=config.seed)
-                out["sample_forward_passes"] = result.forward_passes
-                with open(pathlib.Path(workdir) / "samples.txt", "a") as f:
-                    f.write("--- eval samples ---\n" + "".join(f"{config.sampler.prompt}{t}\n" for t in texts))
-                print("eval sample: " + repr(config.sampler.prompt + texts[0][:200]), flush=True)
-            return {k: v for k, v in out.items() if isinstance(v, (int, float))}
-
-        return evaluate
-
-    def report(self, exp: Experiment, params) -> str:
-        config = exp.config
-        texts, result = sample_texts(exp, params, [config.sampler.prompt], seed=config.seed)
-        kind = "autoregressive" if exp.is_autoregressive else f"diffusion ({config.sampler.selection.rule})"
-        return f"Sample ({kind}, {result.forward_passes} forward passes):\n{config.sampler.prompt}{texts[0]}"
-
-    def default_config(self) -> ml_collections.ConfigDict:
-        from hackable_diffusion import recipes
-
-        return recipes.base_config()
-
-    def define_evaluation_flags(self, flag_values) -> None:
-        from hackable_diffusion.tasks import text_evaluation
-
-        text_evaluation.define_flags(flag_values)
-
-    def evaluation_from_flags(self, flag_values):
-        from hackable_diffusion.tasks import text_evaluation
-
-        return text_evaluation.from_flags(flag_values)
 
 
 def is_sft(config: ml_collections.ConfigDict) -> bool:
@@ -126,7 +44,7 @@ def sample_texts(
     seed: int = 0,
     max_new_tokens: int | None = None,
     return_trajectory: bool = False,
-) -> tuple[list[str], gen_lib.GenerationResult]:
+) -> tuple[list[str], GenerationResult]:
     """Generates a continuation of each prompt with the experiment's sampler (diffusion) or AR decoding;
     `return_trajectory` keeps every denoising step's canvas (diffusion)."""
     s = exp.config.sampler
@@ -157,21 +75,21 @@ def generate_tokens(
     max_new_tokens: int,
     prompt_mask=None,
     return_trajectory: bool = False,
-) -> gen_lib.GenerationResult:
+) -> GenerationResult:
     """The run's own decoding after token-id prompts: its diffusion sampler (`config.sampler`, stopping at EOS), or
     cached AR decoding at `sampler.ar_temperature` for an autoregressive run. `prompts`/`prompt_mask`/`key` are
     `sampling.generate`'s."""
     unused = tuple(range(exp.tokenizer.vocab_size, exp.model.cfg.vocab_size))  # padded ids no text decodes
     forbidden = NEVER_GENERATED + unused
     if exp.is_autoregressive:
-        return gen_lib.generate_ar(
+        return ar_lib.generate_ar(
             exp.model,
             params,
             prompts,
             prompt_mask=prompt_mask,
             key=key,
             max_new_tokens=max_new_tokens,
-            sampling=gen_lib.ARSampling(temperature=exp.config.sampler.ar_temperature),
+            sampling=ar_lib.ARSampling(temperature=exp.config.sampler.ar_temperature),
             forbidden_tokens=forbidden,
         )
     return gen_lib.generate(

@@ -59,7 +59,7 @@ def test_quickstart_data_loads_from_a_copy_of_the_package_alone(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HD_DATA_DIR"}
     env["PYTHONPATH"] = str(tmp_path / "copy")
     code = (
-        "import hackable_diffusion, pathlib; from hackable_diffusion import cli; from hackable_diffusion.tasks.text import TextTask; "
+        "import hackable_diffusion, pathlib; from hackable_diffusion import cli; from hackable_diffusion.tasks.text_task import TextTask; "
         "assert pathlib.Path(hackable_diffusion.__file__).is_relative_to(pathlib.Path.cwd()); "
         "c = cli.load_config_file('configs/quickstart.py'); d = TextTask().build_data(c, 'run'); "
         "print(d.train_sequences.shape, d.eval_num_chars)"

@@ -105,6 +105,43 @@ def test_registry_builds_every_schedule_and_rejects_unknown_names():
         S.make_time_sampler("sobol")
 
 
+def test_a_config_section_builds_the_named_class_with_its_fields():
+    """`schedule_from_config`: `name` plus that class's fields; None (an unset slot of the config section) is the
+    class default, and the default section is the linear schedule with eps 1e-4."""
+    section = {"name": "polynomial", "power": 2.0, "eps": 1e-3, "sigma_min": None, "sigma_max": None}
+    built = S.schedule_from_config(section)
+    assert type(built) is S.PolynomialSchedule and built.power == 2.0 and built.eps == 1e-3
+    assert S.schedule_from_config({"name": "loglinear", "eps": None}) == S.LogLinearSchedule()  # its own eps, 1e-3
+    assert S.schedule_from_config(S.DEFAULT_SCHEDULE_SECTION) == S.LinearSchedule(eps=1e-4)
+    assert S.schedule_from_config({"name": "geometric", "sigma_max": 5.0}) == S.GeometricSchedule(sigma_max=5.0)
+
+
+def test_the_section_keys_are_the_fields_of_every_registered_schedule():
+    assert S.schedule_arguments() == {"eps": float, "power": float, "sigma_min": float, "sigma_max": float}
+    assert S.schedule_fields(S.PolynomialSchedule) == {"eps": float, "power": float}
+    assert S.schedule_fields(S.LinearSchedule) == {"eps": float}
+
+
+@pytest.mark.parametrize(
+    "section, refused, fields",
+    [
+        ({"name": "linear", "eps": 1e-4, "power": 2.0}, "['power'] (schedules that do: power: polynomial)", "['eps']"),
+        ({"name": "polynomial", "pwoer": None}, "['pwoer']", "['eps', 'power']"),  # no schedule has it: set or not
+        ({"name": "geometric", "sigma": 3.0}, "['sigma']", "['eps', 'sigma_max', 'sigma_min']"),
+    ],
+)
+def test_a_field_the_named_schedule_does_not_take_is_one_line_naming_its_fields(section, refused, fields):
+    with pytest.raises(ValueError) as error:
+        S.schedule_from_config(section)
+    message = str(error.value)
+    assert f"does not take {refused}" in message and message.endswith(f"its fields are {fields}.")
+    assert "\n" not in message
+    with pytest.raises(ValueError, match="unknown schedule 'cosine_squared'; choose one of"):
+        S.schedule_from_config({"name": "cosine_squared"})
+    with pytest.raises(ValueError, match=r"does not take \['power'\]"):
+        S.make_schedule("cosine", power=2.0)
+
+
 def test_invalid_parameters_raise():
     with pytest.raises(ValueError, match="eps"):
         S.LinearSchedule(eps=0.5)

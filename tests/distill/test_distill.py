@@ -12,6 +12,7 @@ import pytest
 from _commands import one_error_line, run_module
 
 from hackable_diffusion import builders, cli, experiment, recipes
+from hackable_diffusion.distill import settings as distill_settings
 from hackable_diffusion.checkpoints import toolbox
 from hackable_diffusion.diffusion.processes import MaskingProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
@@ -22,8 +23,8 @@ from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models.config import TransformerConfig
-from hackable_diffusion.sampling.canvas import DiffusionSampler
 from hackable_diffusion.sampling.early_stopping import NoEarlyStop
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 from hackable_diffusion.sampling.selection import make_selection
 
 M = 3  # the mask id of the hand-made trajectories
@@ -283,7 +284,7 @@ def test_the_pool_iterator_resumes_with_the_same_batches():
 
 
 def distill_config(source_dir, method="trajectory", steps=4):
-    c = recipes.distill_sections(
+    c = distill_settings.distill_sections(
         recipes.text_config("shakespeare", "masking"),
         checkpoint=str(source_dir),
         method=method,

@@ -24,8 +24,8 @@ from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models.config import TransformerConfig
-from hackable_diffusion.sampling.canvas import DiffusionSampler
 from hackable_diffusion.sampling.early_stopping import NoEarlyStop
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 from hackable_diffusion.sampling.selection import make_selection
 
 M, VOCAB, ALLOWED = 3, 7, (4, 5, 6)  # mask id; ids 0-2 forbidden, so a canvas position takes one of 3 tokens

@@ -12,6 +12,7 @@ from _commands import REPO, one_error_line, run_module
 
 from hackable_diffusion.checkpoints import hf as H
 from hackable_diffusion.checkpoints import hf_config
+from hackable_diffusion.checkpoints import hf_files
 
 FIXTURES = REPO / "tests" / "fixtures"
 DG, G4 = FIXTURES / "hf_diffusiongemma", FIXTURES / "hf_gemma4"
@@ -32,7 +33,7 @@ def leftovers(parent: pathlib.Path) -> list[str]:
 def test_a_truncated_weight_file_is_one_error_line_naming_it(tmp_path):
     source = tmp_path / "ckpt"
     shutil.copytree(DG, source)
-    weights = source / H.SINGLE_FILE
+    weights = source / hf_files.SINGLE_FILE
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     line = one_error_line(convert("--from", source, "--to", tmp_path / "out"))
     assert str(weights) in line and "truncated or corrupt" in line and "again" in line
@@ -128,13 +129,13 @@ def test_generation_config_is_meaningful_or_absent(tmp_path):
     checkpoint = H.load_hf(G4)
     cfg, params = checkpoint.config, checkpoint.params
     bare = H.save_hf(tmp_path / "bare", cfg, params, model_type=H.GEMMA4_TEXT)
-    assert not (bare / H.GENERATION_CONFIG_FILE).exists()  # nothing to say: no file, never {}
+    assert not (bare / hf_files.GENERATION_CONFIG_FILE).exists()  # nothing to say: no file, never {}
     carried = H.save_hf(tmp_path / "carried", cfg, params, model_type=H.GEMMA4_TEXT, source=G4)
-    assert json.loads((carried / H.GENERATION_CONFIG_FILE).read_text()) == json.loads(
-        (G4 / H.GENERATION_CONFIG_FILE).read_text()
+    assert json.loads((carried / hf_files.GENERATION_CONFIG_FILE).read_text()) == json.loads(
+        (G4 / hf_files.GENERATION_CONFIG_FILE).read_text()
     )
     run = H.save_hf(tmp_path / "run", cfg, params, model_type=H.GEMMA4_TEXT, sampler={"ar_temperature": 0.7})
-    generation = json.loads((run / H.GENERATION_CONFIG_FILE).read_text())
+    generation = json.loads((run / hf_files.GENERATION_CONFIG_FILE).read_text())
     assert generation["do_sample"] is True and generation["temperature"] == 0.7 and generation["top_k"] == 0
     assert generation["eos_token_id"] == 1
     greedy = hf_config.generation_config(H.GEMMA4_TEXT, sampler={"ar_temperature": 0.0})

@@ -2,7 +2,9 @@
 the repository, and every `python -m hackable_diffusion.X` / `python experiments/Y.py` command they quote names a
 module or script that exists and whose flags parse (entry points: `HD_CHECK_FLAGS=1` parses and checks the command
 line, config overrides included, then exits; experiment scripts: their argparse parser, stopped after parsing), and
-every bold figure of the README's headline table is a figure that the results page of its row states."""
+every bold figure of the README's headline table is a figure that the results page of its row states and a number in a
+committed JSON / JSON lines file of that row's results folder, and the README's Measured table is the rendering of
+results/measured.jsonl (experiments/readme_tables.py)."""
 
 import json
 import os
@@ -13,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+import readme_tables  # experiments/readme_tables.py: tests/conftest.py puts experiments/ on sys.path
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -230,6 +233,150 @@ def test_a_headline_figure_changed_in_the_readme_only_is_caught(tmp_path):
         assert checked == 2 and len(problems) == 1 and problems[0].startswith(f"{changed} "), problems
 
 
+# Headline figures whose evaluation is in no committed JSON / JSON lines file under results/ (only in a results page's
+# prose). Each stays in the headline table, not in bold, until a rerun commits its record; keep this list short.
+HEADLINE_FIGURES_WITHOUT_JSON = {
+    # Penn Treebank, masking adapted from ptb_ar (results/ptb/README.md, "Adapted from the AR run"): measured before
+    # its evaluation's JSON line was committed. Rerun with `python -m hackable_diffusion.train --config
+    # configs/ptb_masking_from_ar.py --workdir runs/ptb_masking_from_ar` and `python -m hackable_diffusion.evaluate
+    # --workdir runs/ptb_masking_from_ar` (needs $HD_DATA_DIR/ptb/) and commit that line under results/ptb/.
+    "2,120": "Penn Treebank perplexity per word of the masking run adapted from the AR run",
+}
+
+
+def headline_rows(readme: pathlib.Path) -> list[str]:
+    """The body rows of the README's "Headline results" table."""
+    section = re.search(r"^## Headline results\n(.*?)(?=^## |\Z)", readme.read_text(), flags=re.S | re.M)
+    assert section, f"{readme} has no '## Headline results' section"
+    rows = [line for line in section.group(1).splitlines() if line.startswith("|") and not line.startswith("|---")]
+    return rows[1:]  # after the header
+
+
+def json_numbers(folder: pathlib.Path) -> list[float]:
+    """Every number in the JSON and JSON lines files under `folder` (parsed; booleans and strings are not numbers)."""
+    numbers: list[float] = []
+
+    def collect(tree) -> None:
+        if isinstance(tree, dict):
+            for value in tree.values():
+                collect(value)
+        elif isinstance(tree, list):
+            for value in tree:
+                collect(value)
+        elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+            numbers.append(float(tree))
+
+    for file in sorted(folder.rglob("*")):
+        if not file.is_file() or file.suffix not in (".json", ".jsonl"):
+            continue
+        text = file.read_text()
+        for document in [text] if file.suffix == ".json" else [line for line in text.splitlines() if line.strip()]:
+            collect(json.loads(document))
+    return numbers
+
+
+def printed_figure(number: str, span: str) -> tuple[float, float, tuple[float, ...]]:
+    """(value, tolerance, scales) of a number printed in a bold span: the tolerance is half a unit of its last printed
+    digit; a percentage may be stored as a fraction (x100) or as printed, milliseconds as seconds (x1000) or as
+    printed."""
+    decimals = len(number.partition(".")[2])
+    scales = (100.0, 1.0) if "%" in span else (1000.0, 1.0) if re.search(r"\bms\b", span) else (1.0,)
+    return float(number.replace(",", "")), 0.5 * 10.0**-decimals + 1e-9, scales
+
+
+def headline_figures_without_json(readme: pathlib.Path) -> tuple[int, list[str]]:
+    """The README's headline table against the committed measurements: every number in a bold span of a row must be,
+    within its printed precision, a number in a JSON / JSON lines file under the results folder the row links to
+    (results/sudoku/README.md -> results/sudoku/, subfolders included). Returns (figures checked, problems)."""
+    root = readme.parent.resolve()
+    checked, problems, numbers_by_folder = 0, [], {}
+    for row in headline_rows(readme):
+        bold = BOLD.findall(row)
+        links = [t for t in LINK.findall(row) if t.startswith("results/")]
+        if not bold:
+            continue
+        if not links:
+            problems.append(f"a row with bold figures and no results link: {row[:80]}")
+            continue
+        folder = (root / links[-1].split("#", 1)[0]).resolve().parent
+        if not folder.is_relative_to(root / "results"):
+            problems.append(f"{links[-1]}: not a page of a results folder")
+            continue
+        if folder not in numbers_by_folder:
+            numbers_by_folder[folder] = json_numbers(folder)
+        for span in bold:
+            for number in NUMBER.findall(span):
+                checked += 1
+                value, tolerance, scales = printed_figure(number, span)
+                if not any(abs(n * s - value) <= tolerance for n in numbers_by_folder[folder] for s in scales):
+                    where = folder.relative_to(root)
+                    problems.append(f"{number} (README **{span}**) is in no JSON / JSON lines file under {where}/")
+    return checked, problems
+
+
+def test_headline_figures_are_committed_measurements():
+    checked, problems = headline_figures_without_json(REPO / "README.md")
+    assert checked >= 8  # the table holds about a dozen bold figures; finding none means the parsing broke
+    assert problems == [], "\n".join(problems)
+
+
+def test_headline_figures_without_json_stay_in_the_table_unbolded():
+    rows = headline_rows(REPO / "README.md")
+    bold_numbers = {n for row in rows for span in BOLD.findall(row) for n in NUMBER.findall(span)}
+    for figure, what in HEADLINE_FIGURES_WITHOUT_JSON.items():
+        assert any(figure in row for row in rows), f"{figure} ({what}) left the headline table: drop it from the list"
+        assert figure not in bold_numbers, f"{figure} ({what}) has no committed JSON record: it cannot be in bold"
+
+
+def test_a_headline_figure_without_json_is_caught(tmp_path):
+    (tmp_path / "results" / "page" / "runs").mkdir(parents=True)
+    (tmp_path / "results" / "page" / "README.md").write_text("Exact: **99.7%**\n")
+    (tmp_path / "results" / "page" / "runs" / "rows.jsonl").write_text(
+        '{"accuracy": 0.997, "ttft_p50_s": 0.0261, "ratio": 0.8817, "ok": true}\n'
+    )
+    (tmp_path / "results" / "other.json").write_text('{"ppl_per_word": 2120.4}')  # not under the row's folder
+    table = (
+        "# T\n\n## Headline results\n\n| task | result | details |\n|---|---|---|\n"
+        "| a | **{a}%** exact, TTFT **26 ms**, **0.88x** | [page](results/page/README.md#x) |\n\n## Next\n\n| **5** |\n"
+    )
+    readme = tmp_path / "README.md"
+    readme.write_text(table.replace("{a}", "99.7"))
+    assert headline_figures_without_json(readme) == (3, [])
+    for changed in ("99.8", "99", "2,120"):
+        readme.write_text(table.replace("{a}", changed))
+        checked, problems = headline_figures_without_json(readme)
+        assert checked == 3 and len(problems) == 1 and problems[0].startswith(f"{changed} "), problems
+
+
+def test_the_measured_table_is_rendered_from_results():
+    assert readme_tables.rendered_readme() == (REPO / "README.md").read_text(), (
+        "README.md's Measured table differs from results/measured.jsonl: run python experiments/readme_tables.py"
+    )
+
+
+def test_a_measured_row_that_drifts_from_its_record_is_caught(tmp_path):
+    row = {
+        "figure": "suite",
+        "value": "924 passed in 31 min 54 s at commit 9484a59 (0.151-0.300 TFLOP/s, -2.0%)",
+        "command": "pytest",
+        "commits": ["9484a59"],
+        "numbers": {"passed": 924, "wall": {"min": 31, "s": 54}, "peak": [0.151, 0.3], "change_percent": -2.0},
+    }
+    measured = tmp_path / "measured.jsonl"
+    readme = tmp_path / "README.md"
+    measured.write_text(json.dumps(row) + "\n")
+    readme.write_text(f"# T\n\n## Measured\n\n{readme_tables.START}\n| stale |\n{readme_tables.END}\n\nend\n")
+    rendered = readme_tables.rendered_readme(readme, measured)
+    assert "| suite | 924 passed in 31 min 54 s" in rendered and "stale" not in rendered
+    assert rendered.endswith(f"{readme_tables.END}\n\nend\n")
+    measured.write_text(json.dumps(dict(row, value=row["value"].replace("924", "925"))) + "\n")
+    with pytest.raises(ValueError, match="924 is not in the text"):
+        readme_tables.rendered_readme(readme, measured)
+    measured.write_text(json.dumps(dict(row, commits=["8ab7719"])) + "\n")
+    with pytest.raises(ValueError, match="commit 8ab7719"):
+        readme_tables.rendered_readme(readme, measured)
+
+
 # Prose references: file paths and dotted module names quoted in inline code must name something that exists.
 PROSE_PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w-]+\.(?:py|md|sh|json|jsonl|ipynb|yaml|toml))(?![\w/])")
 PROSE_MODULE = re.compile(
@@ -331,3 +478,45 @@ def test_a_stale_prose_reference_is_caught(tmp_path):
         "page.md: models/hf_ckpt.py names no file",
         "page.md: pretrained.py names no file",
     ]
+
+
+def unindexed_experiments(root: pathlib.Path = REPO) -> list[str]:
+    """Files in experiments/ that its README's index does not name (as `file` at the start of a table cell)."""
+    index = (root / "experiments" / "README.md").read_text()
+    named = set(re.findall(r"^\| `([\w.]+)", index, flags=re.M))
+    files = {p.name for p in (root / "experiments").iterdir() if p.is_file() and p.name != "README.md"}
+    return sorted(files - named)
+
+
+def test_every_experiment_is_in_the_index():
+    assert unindexed_experiments() == [], "add these to experiments/README.md (one line, its command, what it writes)"
+
+
+def test_an_unindexed_experiment_is_caught(tmp_path):
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "README.md").write_text("| `listed.py` | x | - |\n")
+    (tmp_path / "experiments" / "listed.py").write_text("")
+    (tmp_path / "experiments" / "new_bench.py").write_text("")
+    assert unindexed_experiments(tmp_path) == ["new_bench.py"]
+
+
+def undocumented_packages(root: pathlib.Path = REPO) -> list[str]:
+    """Packages of hackable_diffusion/ that docs/architecture.md's module table never names (as `PACKAGE/...`)."""
+    text = (root / "docs" / "architecture.md").read_text()
+    package_root = root / "hackable_diffusion"
+    packages = [p.parent.relative_to(package_root).as_posix() for p in package_root.rglob("__init__.py")]
+    return sorted(p for p in packages if p != "." and f"`{p}/" not in text)
+
+
+def test_the_architecture_page_covers_every_package():
+    assert undocumented_packages() == [], "add a row for these packages to docs/architecture.md"
+
+
+def test_an_undocumented_package_is_caught(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "architecture.md").write_text("| `rl/objectives.py` | x |\n")
+    for package in ("rl", "newpkg"):
+        (tmp_path / "hackable_diffusion" / package).mkdir(parents=True)
+        (tmp_path / "hackable_diffusion" / package / "__init__.py").write_text("")
+    (tmp_path / "hackable_diffusion" / "__init__.py").write_text("")
+    assert undocumented_packages(tmp_path) == ["newpkg"]

@@ -11,6 +11,7 @@ from _commands import run_module
 from _tiny_configs import tiny_text_config
 
 from hackable_diffusion import builders, cli, recipes, run_config
+from hackable_diffusion import sft
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -246,7 +247,7 @@ def test_json_output_is_strict_json():
 
 def test_a_saved_init_use_ema_reads_as_the_weights_choice(tmp_path):
     """Fine-tuning runs saved `init.use_ema` (a bool); the EMA choice is now `init.weights` ("ema" | "raw")."""
-    config = recipes.sft_config().to_dict()
+    config = sft.sft_config().to_dict()
     del config["init"]["weights"]
     config["init"]["use_ema"] = False
     (tmp_path / "config.json").write_text(json.dumps(config))

@@ -23,7 +23,8 @@ from _commands import one_error_line, run_module
 from _tiny_configs import tiny_text_config
 from _tiny_sudoku import train_tiny_sudoku_run
 
-from hackable_diffusion import cli, recipes, run_config, train
+from hackable_diffusion import cli, run_config, train
+from hackable_diffusion.rl import settings as rl_settings
 from hackable_diffusion.training import workdir_lock
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -253,7 +254,7 @@ def test_rl_checks_the_objective_against_the_run_before_loading_and_leaves_nothi
         raise AssertionError("the starting weights were read before the objective was checked")
 
     monkeypatch.setattr(base_weights, "load_base", not_read)
-    rl = recipes.rl_sections(config, checkpoint=str(source), objective="ar_grpo", steps=1)
+    rl = rl_settings.rl_sections(config, checkpoint=str(source), objective="ar_grpo", steps=1)
     refused(lambda: command.run_rl(rl, str(tmp_path / "new")), "needs an autoregressive run")
     assert not (tmp_path / "new").exists()
     kept = tmp_path / "kept"
@@ -266,7 +267,7 @@ def test_rl_checks_the_objective_against_the_run_before_loading_and_leaves_nothi
 def test_a_failed_sft_start_leaves_nothing(tmp_path):
     from hackable_diffusion import sft
 
-    config = recipes.sft_config()
+    config = sft.sft_config()
     config.init.kind, config.init.checkpoint = "toolbox", str(tmp_path / "no_such_run")
     refused(lambda: sft.run_sft(config, str(tmp_path / "new")), "no_such_run")
     assert not (tmp_path / "new").exists()

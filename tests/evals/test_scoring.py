@@ -13,6 +13,7 @@ from hackable_diffusion.data import text as text_lib
 from hackable_diffusion.data.tokenizers import BOS_ID
 from hackable_diffusion.evals import local_tasks, scoring
 from hackable_diffusion.tasks import text
+from hackable_diffusion.tasks.text_task import TextTask
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +104,7 @@ def test_diffusion_scores_are_deterministic_and_the_context_is_never_scored(runs
 
 def test_fit_keeps_the_end_of_the_context_and_long_continuations_are_scored_in_pieces():
     class Exp:  # the parts of an Experiment that fit() reads
-        class task:
-            name = "text"
+        task = TextTask()
 
         config = type("C", (), {"data": type("D", (), {"seq_len": 10})()})()
         is_autoregressive = True

@@ -1,5 +1,5 @@
-"""evals/puzzles.py and the hd_sudoku_solve task: a Sudoku run answers lm-eval generation requests with its solver,
-the answers are scored by a rules check, and text requests to a Sudoku run fail clearly."""
+"""tasks/sudoku/lm_eval_requests.py and the hd_sudoku_solve task: a Sudoku run answers lm-eval generation requests
+with its solver, the answers are scored by a rules check, and text requests to a Sudoku run fail clearly."""
 
 import jax
 import pytest
@@ -10,9 +10,9 @@ from _tiny_sudoku import tiny_sudoku_config
 
 from hackable_diffusion import experiment
 from hackable_diffusion.evals import local_tasks
-from hackable_diffusion.evals.puzzles import PuzzleAnswerer
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.tasks.sudoku.inference import solve_puzzles
+from hackable_diffusion.tasks.sudoku.lm_eval_requests import PuzzleAnswerer
 
 
 def test_puzzle_text_round_trips_and_ignores_labels():

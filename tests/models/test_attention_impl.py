@@ -14,7 +14,7 @@ from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models.config import TransformerConfig
-from hackable_diffusion.sampling.generate import prefill
+from hackable_diffusion.sampling.prompts import prefill
 
 ATOL = 2e-5
 

@@ -1,6 +1,7 @@
-"""The GPU cost model (`hackable_diffusion/aot/costs.py`, run for 26B-A4B by experiments/gpu_cost_model.py) on small
-models: XLA's cost analysis of the compiled decode programs against the analytic counts, the MoE dispatches' expert
-rows as XLA:CPU compiles them, the roofline formula, and the published hardware table's sources.
+"""The GPU cost model (`hackable_diffusion/aot/costs.py`, `roofline.py`, `xla_counts.py`; run for 26B-A4B by
+experiments/gpu_cost_model.py) on small models: XLA's cost analysis of the compiled decode programs against the
+analytic counts, the MoE dispatches' expert rows as XLA:CPU compiles them, the roofline formula, and the published
+hardware table's sources.
 
 Tolerances (all measured well inside them): XLA's total FLOPs within 5% of the analytic matmul + attention count
 (XLA also counts elementwise ops, 1-2.5% here); the matmul FLOPs parsed from the optimized HLO within 0.5% of the
@@ -14,7 +15,7 @@ import math
 
 import pytest
 
-from hackable_diffusion.aot import costs
+from hackable_diffusion.aot import costs, roofline, xla_counts
 from hackable_diffusion.models import param_count, presets
 from hackable_diffusion.models.config import TransformerConfig
 
@@ -51,8 +52,8 @@ def _moe_model(dispatch: str) -> dict:
 
 def _check(model: dict, program: costs.Program) -> tuple[dict, costs.Counts]:
     cfg = TransformerConfig.from_dict(model)
-    _, compiled = costs.compile_decode_program(model, program, CACHE_SLOTS)
-    return costs.xla_costs(compiled), costs.compiled_counts(cfg, costs.param_sizes(cfg), program, CACHE_SLOTS)
+    _, compiled = xla_counts.compile_decode_program(model, program, CACHE_SLOTS)
+    return xla_counts.xla_costs(compiled), costs.compiled_counts(cfg, costs.param_sizes(cfg), program, CACHE_SLOTS)
 
 
 DENSE_PROGRAMS = {
@@ -128,23 +129,23 @@ def test_expert_fraction():
 
 def test_roofline_is_the_max_of_compute_and_memory_time():
     counts = costs.Counts(flops_parts={"a": 3e12, "b": 1e12}, bytes_parts={"w": 2e10, "kv": 1e9})
-    for hw in costs.HARDWARE.values():
-        for weights in costs.WEIGHT_FORMATS:
+    for hw in roofline.HARDWARE.values():
+        for weights in roofline.WEIGHT_FORMATS:
             peak = 1e12 * (hw.fp8_tflops if weights == "fp8" else hw.bf16_tflops)
-            roof = costs.roofline(counts, hw, weights)
+            roof = roofline.roofline(counts, hw, weights)
             assert roof.seconds == pytest.approx(max(4e12 / peak, 2.1e10 / (1e12 * hw.hbm_tb_per_s)))
             assert roof.bound == ("memory" if 2.1e10 / (1e12 * hw.hbm_tb_per_s) >= 4e12 / peak else "compute")
-    assert costs.canvas_tokens_per_s(batch=8, canvas=256, steps=15, step_s=0.01) == pytest.approx(8 * 256 / 0.16)
+    assert roofline.canvas_tokens_per_s(batch=8, canvas=256, steps=15, step_s=0.01) == pytest.approx(8 * 256 / 0.16)
     with pytest.raises(ValueError):
-        costs.roofline(counts, costs.HARDWARE["H100 SXM"], "int4")
+        roofline.roofline(counts, roofline.HARDWARE["H100 SXM"], "int4")
 
 
 def test_fp8_halves_the_weight_bytes_only():
     cfg = TransformerConfig.from_dict(presets.diffusiongemma_26b_a4b())
     sizes = costs.param_sizes(cfg)
     program = costs.Program("canvas_step", "canvas", 1, 256, 1024, 256)
-    bf16 = costs.ideal_counts(cfg, sizes, program, weight_bytes=costs.WEIGHT_FORMATS["bf16"])
-    fp8 = costs.ideal_counts(cfg, sizes, program, weight_bytes=costs.WEIGHT_FORMATS["fp8"])
+    bf16 = costs.ideal_counts(cfg, sizes, program, weight_bytes=roofline.WEIGHT_FORMATS["bf16"])
+    fp8 = costs.ideal_counts(cfg, sizes, program, weight_bytes=roofline.WEIGHT_FORMATS["fp8"])
     for part in ("weights", "experts", "sc_signal"):
         assert fp8.bytes_parts[part] == pytest.approx(bf16.bytes_parts[part] / 2)
     for part in ("kv_read", "logits"):
@@ -152,15 +153,15 @@ def test_fp8_halves_the_weight_bytes_only():
     assert fp8.flops == bf16.flops
     # a 256-token canvas reaches nearly every expert, so it reads about every weight of the 50.5 GB model
     assert bf16.bytes_parts["weights"] + bf16.bytes_parts["experts"] == pytest.approx(2 * sizes.total, rel=1e-4)
-    h100 = costs.roofline(bf16, costs.HARDWARE["H100 SXM"], "bf16")
+    h100 = roofline.roofline(bf16, roofline.HARDWARE["H100 SXM"], "bf16")
     assert h100.bound == "memory"
 
 
 def test_hardware_table_has_a_source_per_entry():
-    assert {"H100 SXM", "H200 SXM", "B200 (HGX)"} <= set(costs.HARDWARE)
-    for name, hw in costs.HARDWARE.items():
+    assert {"H100 SXM", "H200 SXM", "B200 (HGX)"} <= set(roofline.HARDWARE)
+    for name, hw in roofline.HARDWARE.items():
         assert hw.name == name
         assert "nvidia.com" in hw.source and len(hw.source) > 40, hw
         assert 0 < hw.bf16_tflops <= hw.fp8_tflops and hw.hbm_tb_per_s > 0 and hw.memory_gb > 0
-    assert costs.HARDWARE["H200 SXM"].bf16_tflops == costs.HARDWARE["H100 SXM"].bf16_tflops  # same GH100 compute
-    assert costs.WEIGHT_FORMATS == {"bf16": 2, "fp8": 1}
+    assert roofline.HARDWARE["H200 SXM"].bf16_tflops == roofline.HARDWARE["H100 SXM"].bf16_tflops  # same GH100 compute
+    assert roofline.WEIGHT_FORMATS == {"bf16": 2, "fp8": 1}

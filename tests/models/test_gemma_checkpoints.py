@@ -1,5 +1,6 @@
 """Gemma-4 parameter-tree converter: orbax round trip, forward pass, exact inverse, validation errors, 26B shapes."""
 
+from hackable_diffusion import sft
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -194,7 +195,7 @@ def test_converted_gemma_tree_is_an_sft_start(cfg, gemma_tree, tmp_path):
     directory = str(tmp_path / "gemma")
     ocp.PyTreeCheckpointer().save(directory, gemma_tree)
     CharTokenizer.fit("abcdefgh \n").save(tmp_path / "tokenizer")
-    config = recipes.sft_config(model=presets.tiny(), init_kind="gemma", checkpoint=directory)
+    config = sft.sft_config(model=presets.tiny(), init_kind="gemma", checkpoint=directory)
     config.model.update(self_conditioning=True, num_layers=4)
     config.init.tokenizer_dir = str(tmp_path / "tokenizer")
     base = base_weights.load_base(config)

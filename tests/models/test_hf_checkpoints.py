@@ -2,6 +2,7 @@
 experiments/make_hf_fixtures.py), the two decoder-window conventions, the config mapping and its refusals, strict
 loading, sharded loading, saving and bit-exact round trips, the tokenizers, and the sampler pieces."""
 
+from hackable_diffusion import sft
 import dataclasses
 import json
 import pathlib
@@ -13,12 +14,15 @@ import numpy as np
 import pytest
 
 from hackable_diffusion.checkpoints import hf as H
+from hackable_diffusion.checkpoints import hf_files
+from hackable_diffusion.checkpoints.hf_mapping import HFRule
 from hackable_diffusion.data.tokenizers import PretrainedTokenizer
 from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.sampling import early_stopping as E
 from hackable_diffusion.sampling import selection as S
-from hackable_diffusion.sampling.generate import pad_prompts, prefill
+from hackable_diffusion.sampling import selection_base as SB
+from hackable_diffusion.sampling.prompts import pad_prompts, prefill
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
 
 DATA = pathlib.Path(__file__).parents[1] / "fixtures"
@@ -189,11 +193,11 @@ def copy_fixture(tmp_path) -> pathlib.Path:
 
 
 def rewrite(path: pathlib.Path, change) -> None:
-    tensors = H.read_all_tensors(path)
+    tensors = hf_files.read_all_tensors(path)
     change(tensors)
     from safetensors.numpy import save_file
 
-    save_file(tensors, str(path / H.SINGLE_FILE), metadata={"format": "pt"})
+    save_file(tensors, str(path / hf_files.SINGLE_FILE), metadata={"format": "pt"})
 
 
 def test_missing_unexpected_and_disagreeing_tensors_fail_by_name(tmp_path):
@@ -213,7 +217,7 @@ def test_missing_unexpected_and_disagreeing_tensors_fail_by_name(tmp_path):
 
 
 def test_vision_tower_is_skipped_and_counted(per_token):
-    files = H.weight_files(DG)
+    files = hf_files.weight_files(DG)
     assert per_token.skipped_tensors == sum("vision" in name for name in files) > 0
 
 
@@ -234,7 +238,7 @@ def test_sharded_load_equals_the_host_load(per_token):
 
 def test_save_then_load_is_bit_exact_and_the_directory_matches_transformers_layout(per_token, tmp_path):
     out = H.save_hf(tmp_path / "out", per_token.config, per_token.params, canvas_length=8, source=DG)
-    theirs, ours = H.read_all_tensors(DG), H.read_all_tensors(out)
+    theirs, ours = hf_files.read_all_tensors(DG), hf_files.read_all_tensors(out)
     assert sorted(theirs) == sorted(ours)  # text, encoder layer_scalar copies and the carried-over vision tower
     for name, value in theirs.items():
         assert value.dtype == ours[name].dtype and np.array_equal(value.view(np.uint8), ours[name].view(np.uint8)), name
@@ -242,17 +246,17 @@ def test_save_then_load_is_bit_exact_and_the_directory_matches_transformers_layo
     again = H.load_hf(out)
     for path, value in H.flatten_tree(per_token.params).items():
         assert np.array_equal(np.asarray(value), H.flatten_tree(again.params)[path]), path
-    generation = json.loads((out / H.GENERATION_CONFIG_FILE).read_text())
+    generation = json.loads((out / hf_files.GENERATION_CONFIG_FILE).read_text())
     assert generation["max_denoising_steps"] == 48 and generation["sampler_config"]["entropy_bound"] == 0.1
 
 
 def test_shards_and_index_when_a_checkpoint_exceeds_the_shard_size(per_token, tmp_path):
     out = H.save_hf(tmp_path / "sharded", per_token.config, per_token.params, canvas_length=8, max_shard_bytes=60_000)
-    index = json.loads((out / H.INDEX_FILE).read_text())
+    index = json.loads((out / hf_files.INDEX_FILE).read_text())
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
-    assert not (out / H.SINGLE_FILE).exists()
-    assert index["metadata"]["total_size"] == sum(t.nbytes for t in H.read_all_tensors(out).values())
+    assert not (out / hf_files.SINGLE_FILE).exists()
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in hf_files.read_all_tensors(out).values())
     reloaded = H.load_hf(out)
     for path, value in H.flatten_tree(per_token.params).items():
         assert np.array_equal(H.flatten_tree(reloaded.params)[path], np.asarray(value)), path
@@ -278,7 +282,7 @@ def test_tokenizers_of_both_kinds():
 def test_entropy_bound_accept_mask_equals_transformers(arrays):
     logits = jnp.asarray(arrays["eb_logits"])
     b, c, _ = logits.shape
-    info = S.StepInfo.at(0, 48, LinearSchedule(), jnp.ones((b, c), bool), False)
+    info = SB.StepInfo.at(0, 48, LinearSchedule(), jnp.ones((b, c), bool), False)
     accept, _ = S.EntropyBound(0.1)(
         jax.random.split(jax.random.key(0), b), logits, jnp.zeros((b, c), jnp.int32), jnp.ones((b, c), bool), info
     )
@@ -312,7 +316,7 @@ def test_lora_sft_from_a_hugging_face_directory_exports_a_directory_that_loads_b
     Face directory that loads back bit for bit, with the logits of the merged toolbox model."""
     from hackable_diffusion import recipes, sft
 
-    config = recipes.sft_config(
+    config = sft.sft_config(
         init_kind="hf",
         checkpoint=str(DG),
         lora_rank=2,
@@ -349,3 +353,10 @@ def test_lora_sft_from_a_hugging_face_directory_exports_a_directory_that_loads_b
     for path, value in fused.items():
         assert np.array_equal(H.flatten_tree(exported.params)[path], np.asarray(value)), path
     assert (tmp_path / "sft" / sft.HF_DIR / "tokenizer.model").is_file()
+
+
+def test_mapping_rules_are_frozen_and_hashable():
+    rule = HFRule("embed/embedding", ("model.embed_tokens.weight",))
+    hash(rule)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rule.toolbox = "other"

@@ -14,6 +14,7 @@ from _tiny_configs import tiny_text_config
 from hackable_diffusion import convert
 from hackable_diffusion.checkpoints import hf as H
 from hackable_diffusion.checkpoints import hf_config
+from hackable_diffusion.checkpoints import hf_files
 from hackable_diffusion.data import tokenizers as tok_lib
 from hackable_diffusion.models import presets
 from hackable_diffusion.models.config import TransformerConfig
@@ -95,7 +96,7 @@ def test_a_masking_run_with_sentencepiece_exports_as_gemma4(masking_spm_run, tmp
     assert_export_reproduces_the_run(masking_spm_run, tmp_path / "hf", H.GEMMA4_TEXT, "per_token")
     spm = (masking_spm_run / "tokenizer" / tok_lib.SPM_MODEL_FILE).read_bytes()
     assert (tmp_path / "hf" / "tokenizer.model").read_bytes() == spm
-    assert H.read_config(tmp_path / "hf")["vocab_size"] == 96 != 64
+    assert hf_files.read_config(tmp_path / "hf")["vocab_size"] == 96 != 64
 
 
 @pytest.mark.slow
@@ -172,7 +173,7 @@ def test_a_diffusiongemma_export_without_a_source_holds_the_stand_in_vision_weig
     cfg = tiny_cfg(self_conditioning=True, k_eq_v_global=True)
     params = jax.device_get(T.init_params(T.Transformer(cfg), jax.random.key(0)))
     H.save_hf(tmp_path / "hf", cfg, params, canvas_length=8)
-    shapes = H.tensor_shapes(H.weight_files(tmp_path / "hf"))
+    shapes = hf_files.tensor_shapes(hf_files.weight_files(tmp_path / "hf"))
     stand_in = hf_config.minimal_vision_shapes(cfg.embed_dim)
     assert {name: shapes[name] for name in stand_in} == stand_in
     assert H.load_hf(tmp_path / "hf").skipped_tensors == len(stand_in)

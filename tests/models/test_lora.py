@@ -1,5 +1,6 @@
 """LoRA: targeting, scaling, fused == on-the-fly, frozen base under training, checkpoints, sharding, SFT end to end."""
 
+from hackable_diffusion import sft
 import json
 
 import jax
@@ -296,7 +297,7 @@ def test_sft_end_to_end_from_a_toolbox_checkpoint(tmp_path):
     saver.save(7, TrainState.create(params, optax.sgd(0.1), jax.random.key(0)))
     saver.close()
 
-    config = recipes.sft_config(
+    config = sft.sft_config(
         model=presets.tiny(),
         init_kind="toolbox",
         checkpoint=str(pre),

@@ -20,6 +20,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from hackable_diffusion.checkpoints import hf as H
+from hackable_diffusion.checkpoints import hf_files
 from hackable_diffusion.checkpoints import quantized_formats as QF
 from hackable_diffusion.checkpoints import quantized_runs
 from hackable_diffusion.models import presets
@@ -115,7 +116,7 @@ def fuse_experts(tensors, source_names):
 def write_quantized(source, target, fmt, *, strategy="channel", ignore=(), extra_config=None, per_expert=False):
     """Writes `source` quantized to `fmt` ("nvfp4" or "fp8") into `target` and the same reference values unquantized
     into `target`_ref; returns {tensor name: reference}. per_expert: the experts stored one linear layer each."""
-    original = H.read_all_tensors(source)
+    original = hf_files.read_all_tensors(source)
     tensors, refs, plain = unfuse_experts(original) if per_expert else original, {}, {}
     out = {}
     for name, w in tensors.items():
@@ -245,7 +246,7 @@ def test_nvfp4_checkpoint_loads_exactly_and_its_logits_stay_within_the_quantizat
     np.testing.assert_array_equal(q_einsum, np.asarray(full.params["layers"]["block_2"]["attn"]["q_einsum"][0]))
 
     # weights: E2M1 rounds within a quarter of the value or half a block step (|x| < 1 step), plus e4m3 saturation
-    original = H.read_all_tensors(G4)
+    original = hf_files.read_all_tensors(G4)
     for name, ref in refs.items():
         w = original[name]
         step = np.repeat(np.abs(w).reshape(*w.shape[:-1], -1, 16).max(-1), 16, -1) / 6

@@ -9,7 +9,8 @@ from _commands import one_error_line, run_module
 from _tiny_countdown import tiny_countdown_config
 from _tiny_sudoku import train_tiny_sudoku_run
 
-from hackable_diffusion import experiment, recipes, train
+from hackable_diffusion import experiment, train
+from hackable_diffusion.rl import settings as rl_settings
 from hackable_diffusion.checkpoints import toolbox
 from hackable_diffusion.rl import command, rollouts
 from hackable_diffusion.tasks.sudoku.inference import solve_puzzles
@@ -23,7 +24,7 @@ def source_run(tmp_path_factory):
 
 
 def rl_config(source_config, source_dir, steps, objective="diffu_grpo"):
-    r = recipes.rl_sections(source_config, checkpoint=str(source_dir), objective=objective, steps=steps)
+    r = rl_settings.rl_sections(source_config, checkpoint=str(source_dir), objective=objective, steps=steps)
     r.rl.prompts_per_rollout, r.rl.group_size, r.rl.inner_updates = 2, 4, 2
     r.rl.shaped_reward = True  # the tiny model never solves a puzzle: partial credit gives the groups a signal
     r.rl.kl_beta = 0.05
@@ -218,7 +219,7 @@ def test_lora_rl_trains_the_adapters_and_loads_merged(source_run, tmp_path):
 def test_rl_runs_on_countdown(tmp_path, layout, objective):
     source = tiny_countdown_config(tmp_path, layout=layout, steps=2)
     train.run(source, str(tmp_path / "src"), sample_at_end=False)
-    r = recipes.rl_sections(source, checkpoint=str(tmp_path / "src"), objective=objective, steps=2)
+    r = rl_settings.rl_sections(source, checkpoint=str(tmp_path / "src"), objective=objective, steps=2)
     r.rl.prompts_per_rollout, r.rl.group_size, r.rl.inner_updates = 2, 4, 1
     r.rl.prompt_mask_prob = 0.15 if layout == "in_place" else 0.0
     r.optimizer.warmup_steps = 1

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from hackable_diffusion import recipes
+from hackable_diffusion.rl import settings as rl_settings
 from hackable_diffusion.rl import command
 from hackable_diffusion.rl.advantages import group_advantages, select_informative_groups
 from hackable_diffusion.rl.rollouts import RolloutSettings, RolloutStream, prompt_indices
@@ -112,6 +112,9 @@ def test_selection_fills_with_the_first_tied_groups_when_short():
     np.testing.assert_array_equal(select_informative_groups(np.array([tied] * 4), 2), [0, 1])
     with pytest.raises(ValueError, match="cannot keep 5 groups out of 4"):
         select_informative_groups(np.array([tied] * 4), 5)
+    with pytest.raises(ValueError, match="cannot keep 0 groups"):
+        select_informative_groups(np.array([tied] * 4), 0)
+    np.testing.assert_array_equal(select_informative_groups(rewards, 1), [3])  # one group: the first informative
 
 
 # -- the stream -------------------------------------------------------------------------------------------------
@@ -250,7 +253,7 @@ def test_the_key_is_checked_and_optional():
             command.check_rl_config(rl_config(dynamic_sampling=bad))
     with pytest.raises(ValueError, match="dynamic_sampling=-2 must be >= 0"):
         RolloutSettings(prompts_per_rollout=K, group_size=G, dynamic_sampling=-2)
-    sections = recipes.rl_sections(ml_collections.ConfigDict(dict(optimizer={}, train={})), checkpoint="src")
+    sections = rl_settings.rl_sections(ml_collections.ConfigDict(dict(optimizer={}, train={})), checkpoint="src")
     assert sections.rl.dynamic_sampling == 0
 
 

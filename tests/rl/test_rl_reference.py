@@ -6,7 +6,8 @@ five completion positions, completions of different lengths (the positions after
 the table scorer below gives them log-probs anyway, so an objective that counted them would be caught). The per-token
 log-probs are the parameters themselves (`TableScorer`), so jax.grad of an objective w.r.t. them is its gradient
 w.r.t. the per-token log-probs, checked against the closed form. Off-policy: the old log-probs differ from the
-current ones by up to +-0.6 nats (mu >= 2), so the ratio's clip fires on both sides.
+current ones by up to +-0.6 nats (mu >= 2), and by -0.5 at one token of every row with A < 0, so the ratio's
+clip fires on both sides.
 
 Equations (A_i = r_i - mean of the group, d1 and wd1; N = the batch's completion tokens; l, o, ref: current, old and
 reference log-probs of token t of row i; rho = exp(l - o)):
@@ -33,7 +34,8 @@ import pytest
 from _tiny_countdown import tiny_countdown_config
 from _tiny_sudoku import tiny_sudoku_config
 
-from hackable_diffusion import recipes, run_config
+from hackable_diffusion import run_config
+from hackable_diffusion.rl import settings as rl_settings
 from hackable_diffusion.data.tokenizers import EOS_ID, PAD_ID
 from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
@@ -65,6 +67,8 @@ def fixed_batch(seed=0):
     logp = -rng.uniform(0.1, 3.0, (n, L))
     delta = rng.uniform(-0.6, 0.6, (n, L))
     delta = np.where(np.abs(np.abs(np.exp(delta) - 1) - EPS) < 0.02, 0.45, delta)  # no ratio on a clip boundary
+    negative = numpy_advantages(REWARDS) < 0
+    delta[negative, 1] = -0.5  # rho = 0.61 < 1 - EPS where A < 0: the lower clip fires too
     old = logp - delta
     ref = logp + rng.uniform(-0.5, 0.5, (n, L))
     valid = np.repeat(REWARDS.max(1) > REWARDS.min(1), G).astype(np.float32)
@@ -127,8 +131,9 @@ def test_clipped_objectives_are_d1s_equation(cls, beta):
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-7)
     rho = np.exp(logp - np.asarray(batch["old_log_probs"]))
     c, a = np.asarray(batch["completion"]), np.asarray(batch["advantages"])[:, None]
-    fires = c & (((a > 0) & (rho > 1 + EPS)) | ((a < 0) & (rho < 1 - EPS)))
-    assert fires.sum() >= 3
+    upper, lower = c & (a > 0) & (rho > 1 + EPS), c & (a < 0) & (rho < 1 - EPS)
+    assert upper.sum() >= 3 and lower.sum() >= 3  # the clip fires on both sides
+    fires = upper | lower
     kl_only = beta * (1 - np.exp(np.asarray(batch["ref_log_probs"]) - logp)) / c.sum()
     np.testing.assert_allclose(grad[fires], kl_only[fires], rtol=1e-4, atol=1e-8)  # clipped: no policy gradient
     assert np.all(grad[~c] == 0)  # after the EOS: nothing
@@ -360,7 +365,7 @@ def test_the_trajectory_scorer_never_masks_the_prompt():
 
 def rl_config(tmp_path, **rl_values):
     source = tiny_sudoku_config("in_place", tmp_path=tmp_path)
-    r = recipes.rl_sections(source, checkpoint=str(tmp_path / "src"))
+    r = rl_settings.rl_sections(source, checkpoint=str(tmp_path / "src"))
     for key, value in rl_values.items():
         r.rl[key] = value
     return r, source
@@ -450,3 +455,203 @@ def test_rl_refuses_gradient_accumulation(tmp_path):
     config.train.grad_accum_steps = 2
     with pytest.raises(ValueError, match="grad_accum_steps=2: .* set it to 1"):
         command.check_rl_config(config)
+
+
+# -- branches and guards the equations above leave open ---------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class AuxTableScorer:
+    """TableScorer plus a MoE auxiliary loss that depends on the parameters: `params["aux"]` as the load-balance
+    loss (what the router adds to every objective's loss)."""
+
+    def __call__(self, params, tokens, completion, prompt_masked, commit_pass=None):
+        aux = {"moe_load_balance_loss": params["aux"], "moe_router_z_loss": 0.25 * params["aux"]}
+        return params["logp"], jnp.zeros_like(params["logp"]), aux
+
+
+def wd1_row_mean_reference(logp, batch, psi, lam, beta):
+    """wd1's weights on each row's mean log-prob per completion token (`row_mean`), summed over rows and divided by
+    the K groups; the KL as GRPO's paper (each row's mean k3 per token, then the mean over every row)."""
+    c = np.asarray(batch["completion"], np.float64)
+    a = np.asarray(batch["advantages"], np.float64).reshape(K, G)
+    soft = lambda x: np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)  # noqa: E731
+    w = (soft(psi * a) - lam * soft(-psi * a)).reshape(-1)
+    ref = np.asarray(batch["ref_log_probs"], np.float64)
+    k3 = np.exp(ref - logp) - (ref - logp) - 1
+    row_mean = lambda x: (x * c).sum(1) / c.sum(1)  # noqa: E731
+    return -np.sum(w * row_mean(logp)) / K + beta * np.mean(row_mean(k3))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.2])
+def test_wd1_per_row_means_are_its_weights_on_mean_log_probs(beta):
+    batch, logp = fixed_batch()
+    objective = rl.WD1(
+        TableScorer(), group_size=G, psi=2.0, negative_weight=0.5, kl_beta=beta, normalization="row_mean"
+    )
+    loss, grad = loss_and_grad(objective, logp, batch)
+    np.testing.assert_allclose(loss, wd1_row_mean_reference(logp, batch, 2.0, 0.5, beta), rtol=1e-5)
+    best = np.argmax(REWARDS[0])
+    assert grad[best, 1] < 0 < grad[1, 1]  # descent raises the best completion's log-probs, lowers the worst's
+
+
+def test_rows_without_reference_log_probs_carry_no_kl_in_every_normalisation():
+    """`has_reference` 0 (a row the rollouts could not score under the reference): its KL term is 0, never divided."""
+    batch, logp = fixed_batch()
+    has = np.ones(K * G, np.float32)
+    has[[0, 5]] = 0.0
+    batch = dict(batch, has_reference=jnp.asarray(has), advantages=jnp.zeros_like(batch["advantages"]))
+    c = np.asarray(batch["completion"], np.float64)
+    ref = np.asarray(batch["ref_log_probs"], np.float64)
+    k3 = (np.exp(ref - logp) - (ref - logp) - 1) * has[:, None]
+    per_row = (k3 * c).sum(1) / c.sum(1)
+    valid = np.asarray(batch["valid"], np.float64)
+    cases = {
+        rl.DiffuGRPO(TableScorer(), clip_eps=EPS, kl_beta=1.0): np.sum(k3 * c) / c.sum(),  # d1: over the tokens
+        rl.DiffuGRPO(TableScorer(), clip_eps=EPS, kl_beta=1.0, normalization="row_mean"): per_row.mean(),
+    }
+    for objective, want in cases.items():
+        loss, grad = loss_and_grad(objective, logp, batch)
+        np.testing.assert_allclose(loss, want, rtol=1e-5)
+        assert np.all(grad[[0, 5]] == 0) and np.isfinite(grad).all()
+    nats = np.full(K * G, 10.0)
+    elbo = rl.ElboPolicyGradient(TableElbo(LENGTHS), TableScorer(), draws=1, kl_beta=1.0)
+    params = {"nats": jnp.asarray(nats, jnp.float32), "logp": jnp.asarray(logp, jnp.float32)}
+    loss, metrics = elbo(params, batch, jax.random.key(0))
+    np.testing.assert_allclose(float(metrics["kl"]), np.sum(per_row * valid) / valid.sum(), rtol=1e-5)
+
+
+def test_the_kl_term_of_the_elbo_policy_gradient_has_a_gradient_when_weighted():
+    """kl_beta > 0: the scorer's log-probs carry the KL's gradient (toward the reference); kl_beta = 0 (the other
+    test): they are only measured."""
+    batch, logp = fixed_batch()
+    batch = dict(batch, advantages=jnp.zeros_like(batch["advantages"]))
+    objective = rl.ElboPolicyGradient(TableElbo(LENGTHS), TableScorer(), draws=1, kl_beta=0.5)
+    params = {"nats": jnp.full((K * G,), 10.0), "logp": jnp.asarray(logp, jnp.float32)}
+    grads = jax.grad(lambda p: objective(p, batch, jax.random.key(0))[0])(params)
+    c, valid = np.asarray(batch["completion"], np.float64), np.asarray(batch["valid"], np.float64)
+    ref = np.asarray(batch["ref_log_probs"], np.float64)
+    want = 0.5 * (1 - np.exp(ref - logp)) * c / c.sum(1, keepdims=True) * valid[:, None] / valid.sum()
+    np.testing.assert_allclose(np.asarray(grads["logp"]), want, rtol=1e-4, atol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda s: rl.DiffuGRPO(s, clip_eps=EPS),
+        lambda s: rl.WD1(s, group_size=G),
+        lambda s: rl.ExpertIteration(s),
+    ],
+    ids=["diffu_grpo", "wd1", "expert_iteration"],
+)
+def test_the_routers_auxiliary_loss_is_added_to_every_objective(make):
+    batch, logp = fixed_batch()
+    aux = 0.7
+    without = float(make(TableScorer())({"logp": jnp.asarray(logp, jnp.float32)}, batch, jax.random.key(0))[0])
+    params = {"logp": jnp.asarray(logp, jnp.float32), "aux": jnp.asarray(aux)}
+    loss, grads = jax.value_and_grad(lambda p: make(AuxTableScorer())(p, batch, jax.random.key(0))[0])(params)
+    np.testing.assert_allclose(float(loss), without + 1.25 * aux, rtol=1e-5)
+    np.testing.assert_allclose(float(grads["aux"]), 1.25, rtol=1e-6)  # minimised, never maximised
+
+
+def test_the_elbo_policy_gradient_adds_the_auxiliary_loss_and_reports_the_elbo_as_a_bound():
+    batch, logp = fixed_batch()
+    nats = np.random.default_rng(4).uniform(5.0, 20.0, (K * G,))
+    objective = rl.ElboPolicyGradient(TableElbo(LENGTHS), AuxTableScorer(), draws=1)
+    params = {"nats": jnp.asarray(nats, jnp.float32), "logp": jnp.asarray(logp, jnp.float32), "aux": jnp.asarray(0.4)}
+    loss, metrics = objective(params, batch, jax.random.key(0))
+    a, valid = np.asarray(batch["advantages"], np.float64), np.asarray(batch["valid"], np.float64)
+    np.testing.assert_allclose(float(loss), np.sum(valid * a * nats / LENGTHS) / valid.sum() + 1.25 * 0.4, rtol=1e-5)
+    elbo = -np.sum(valid * nats / LENGTHS) / valid.sum()  # log-likelihood bound per token: negative
+    np.testing.assert_allclose(float(metrics["elbo_nats_per_token"]), elbo, rtol=1e-5)
+
+
+def test_the_clip_fraction_counts_the_tokens_whose_ratio_left_the_trust_region():
+    batch, logp = fixed_batch()
+    _, metrics = rl.DiffuGRPO(TableScorer(), clip_eps=EPS)({"logp": jnp.asarray(logp)}, batch, jax.random.key(0))
+    c, valid = np.asarray(batch["completion"], np.float64), np.asarray(batch["valid"], np.float64)
+    outside = np.abs(np.exp(logp - np.asarray(batch["old_log_probs"])) - 1.0) > EPS
+    per_row = (outside * c).sum(1) / c.sum(1)
+    want = np.sum(per_row * valid) / valid.sum()
+    assert 0 < want < 1
+    np.testing.assert_allclose(float(metrics["clip_fraction"]), want, rtol=1e-5)
+
+
+def test_means_over_valid_rows_of_one_row_and_of_none():
+    np.testing.assert_allclose(float(rl.valid_mean(jnp.array([3.0, 5.0]), jnp.array([0.0, 1.0]))), 5.0)
+    assert float(rl.valid_mean(jnp.array([3.0, 5.0]), jnp.zeros(2))) == 0.0  # no valid row: 0, not 0/0
+    assert float(rl.row_means(jnp.ones((1, 3)), jnp.zeros((1, 3), bool))[0]) == 0.0
+
+
+def test_a_completion_of_no_counted_token_has_a_finite_elbo():
+    batch, _ = fixed_batch()
+    counted = LENGTHS.copy()
+    counted[3] = 0
+    objective = rl.ElboPolicyGradient(TableElbo(counted), TableScorer(), draws=1)
+    nelbo = np.asarray(objective.negative_elbo({"nats": jnp.full((K * G,), 6.0)}, batch, jax.random.key(0)))
+    assert np.isfinite(nelbo).all() and nelbo[3] == 6.0
+
+
+def test_noise_draws_must_be_at_least_one():
+    rl.ElboPolicyGradient(TableElbo(LENGTHS), TableScorer(), draws=1)
+    rl.ExpertIteration(TableScorer(), draws=1)
+    for draws in (0, -1):
+        with pytest.raises(ValueError, match="elbo_draws"):
+            rl.ElboPolicyGradient(TableElbo(LENGTHS), TableScorer(), draws=draws)
+        with pytest.raises(ValueError, match="elbo_draws"):
+            rl.ExpertIteration(TableScorer(), draws=draws)
+
+
+def test_the_objectives_defaults_are_the_recipes_and_the_papers(tmp_path):
+    """The classes' own defaults agree with `rl_settings.rl_sections` (what a config gets) and the papers: d1's clip 0.5,
+    no KL; wd1's psi = lambda = 1 with tied groups weighted as its code; 4 ELBO draws; only the ratio objectives
+    need the old policy's log-probs (an extra scoring pass per rollout)."""
+    section = rl_settings.rl_sections(tiny_countdown_config(tmp_path), checkpoint="unused").rl
+    clipped = rl.DiffuGRPO(TableScorer())
+    assert (clipped.clip_eps, clipped.kl_beta) == (section.clip_eps, section.kl_beta) == (0.5, 0.0)
+    wd1 = rl.WD1(TableScorer(), group_size=G)
+    assert (wd1.psi, wd1.negative_weight, wd1.kl_beta) == (section.wd1_psi, section.wd1_negative_weight, 0.0)
+    assert wd1.psi == 1.0 and wd1.zero_tied_groups is section.wd1_zero_tied_groups is False
+    elbo = rl.ElboPolicyGradient(TableElbo(tuple(LENGTHS)), TableScorer())
+    assert elbo.draws == section.elbo_draws == 4 and elbo.kl_beta == 0.0
+    assert rl.ExpertIteration(TableScorer()).draws == 1  # one fresh noise draw per step, as pretraining
+    classes = (rl.DiffuGRPO, rl.ArGRPO, rl.WD1, rl.ElboPolicyGradient, rl.ExpertIteration)
+    assert [cls.needs_old_log_probs for cls in classes] == [True, True, False, False, False]
+    for objective in (clipped, wd1, elbo, rl.ExpertIteration(TableScorer())):
+        with pytest.raises(dataclasses.FrozenInstanceError):  # jitted losses close over them: immutable and hashable
+            objective.kl_beta = 1.0
+        hash(objective)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: rl.DiffuGRPO(TableScorer(), clip_eps=EPS, kl_beta=0.5),
+    lambda: rl.DiffuGRPO(TableScorer(), clip_eps=EPS, kl_beta=0.5, normalization="row_mean"),
+    lambda: rl.WD1(TableScorer(), group_size=G, kl_beta=0.5),
+    lambda: rl.WD1(TableScorer(), group_size=G, kl_beta=0.0),
+])  # fmt: skip
+def test_rows_without_a_reference_stay_finite_however_unlikely_their_tokens(make):
+    """A row without reference log-probs holds placeholder zeros; with a token at log-prob -100 (exp(0 + 100)
+    overflows float32) its KL term must still be exactly 0 in value and gradient, never inf x 0 = NaN."""
+    batch, logp = fixed_batch()
+    logp = logp.copy()
+    logp[0, 1] = -100.0
+    has = np.ones(K * G, np.float32)
+    has[0] = 0.0
+    ref = np.asarray(batch["ref_log_probs"]).copy()
+    ref[0] = 0.0
+    batch = dict(batch, has_reference=jnp.asarray(has), ref_log_probs=jnp.asarray(ref))
+    loss, grad = loss_and_grad(make(), logp, batch)
+    assert np.isfinite(loss) and np.isfinite(grad).all()
+    with_ref = dict(batch, has_reference=jnp.ones(K * G), ref_log_probs=jnp.asarray(np.where(has[:, None] > 0, ref, logp)))
+    loss_same, grad_same = loss_and_grad(make(), logp, with_ref)  # a reference equal to the policy: KL exactly 0
+    np.testing.assert_allclose(loss, loss_same, rtol=1e-6)
+    np.testing.assert_allclose(grad, grad_same, rtol=1e-5, atol=1e-9)
+
+
+def test_d1s_token_mean_divides_by_the_token_count_and_an_empty_batch_is_zero():
+    """d1's reduction: sum over the batch's completion tokens / their count; with one token it is that token's value
+    (a floor of 1 on the count, not 2), with none it is 0 (not 0 / 0)."""
+    x = jnp.asarray([[2.0, 5.0, 7.0], [3.0, 11.0, 13.0]])
+    one = jnp.asarray([[False, True, False], [False, False, False]])
+    assert float(rl.batch_token_mean(x, one)) == 5.0
+    assert float(rl.batch_token_mean(x, jnp.zeros((2, 3), bool))) == 0.0
+    three = jnp.asarray([[True, False, True], [False, True, False]])
+    np.testing.assert_allclose(float(rl.batch_token_mean(x, three)), (2 + 7 + 11) / 3, rtol=1e-6)

@@ -12,7 +12,7 @@ import pytest
 from _tiny_countdown import tiny_countdown_config
 from _tiny_sudoku import tiny_sudoku_config
 
-from hackable_diffusion import recipes
+from hackable_diffusion.rl import settings as rl_settings
 from hackable_diffusion.data.tokenizers import EOS_ID, PAD_ID
 from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
@@ -149,11 +149,11 @@ def test_the_rollout_stream_scores_the_old_policy_with_the_tail_masked():
 
 def test_stop_at_eos_is_refused_where_completions_have_no_eos(tmp_path):
     source = tiny_sudoku_config("in_place", tmp_path=tmp_path)
-    config = recipes.rl_sections(source, checkpoint=str(tmp_path / "src"))
+    config = rl_settings.rl_sections(source, checkpoint=str(tmp_path / "src"))
     assert config.rl.stop_at_eos is False  # Sudoku's default
     config.rl.stop_at_eos = True
     with pytest.raises(ValueError, match="stop_at_eos .* set it to False"):
         command.check_rl_config(config)
-    countdown = recipes.rl_sections(tiny_countdown_config(tmp_path), checkpoint=str(tmp_path / "src"))
+    countdown = rl_settings.rl_sections(tiny_countdown_config(tmp_path), checkpoint=str(tmp_path / "src"))
     assert countdown.rl.stop_at_eos is True  # d1's behaviour on Countdown
     command.check_rl_config(countdown)

@@ -16,9 +16,11 @@ from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.rl.scorers import MeanFieldScorer, TrajectoryScorer
-from hackable_diffusion.sampling.canvas import DiffusionSampler, commit_passes, denoise_canvas
+from hackable_diffusion.sampling.canvas import commit_passes, denoise_canvas
 from hackable_diffusion.sampling.early_stopping import NoEarlyStop
-from hackable_diffusion.sampling.selection import Margin, TopK
+from hackable_diffusion.sampling.sampler import DiffusionSampler
+from hackable_diffusion.sampling.scores import Margin
+from hackable_diffusion.sampling.selection import TopK
 from hackable_diffusion.sampling.temperature import ConstantTemperature
 
 V, MASK, PROMPT = 8, 3, 4

@@ -8,12 +8,12 @@ from hackable_diffusion.data.tokenizers import BOS_ID, MASK_ID
 from hackable_diffusion.diffusion.processes import MaskingProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.models import transformer as T
-from hackable_diffusion.sampling import selection as S
-from hackable_diffusion.sampling.canvas import DiffusionSampler
-from hackable_diffusion.sampling.generate import (
+from hackable_diffusion.sampling import selection_base as SB
+from hackable_diffusion.sampling.prompts import (
     pad_prompts,
     prefill,
 )
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 
 # Jitted model calls (an eager linen pass over a scanned model is far slower than compiling it once).
 forward = jax.jit(T.forward, static_argnums=0, static_argnames=("causal",))
@@ -63,4 +63,4 @@ def logits_from_probs(probs):
 
 def info(step=0, num_steps=4, free=None, persistent=True, shape=(1, 4)):
     free = jnp.ones(shape, bool) if free is None else jnp.asarray(free)
-    return S.StepInfo.at(step, num_steps, LinearSchedule(), free, persistent)
+    return SB.StepInfo.at(step, num_steps, LinearSchedule(), free, persistent)

@@ -21,15 +21,17 @@ from _tiny_sampling import (
 
 from hackable_diffusion.data.tokenizers import EOS_ID, MASK_ID, PAD_ID
 from hackable_diffusion.models import transformer as T
+from hackable_diffusion.sampling import counts as C
 from hackable_diffusion.sampling import early_stopping as E
+from hackable_diffusion.sampling import scores as SC
 from hackable_diffusion.sampling import selection as S
 from hackable_diffusion.sampling import temperature as TEMP
 from hackable_diffusion.sampling.canvas import canvas_logits, denoise_canvas
 from hackable_diffusion.sampling.generate import (
     commit_canvas,
-    prefill,
     truncate_at_stop,
 )
+from hackable_diffusion.sampling.prompts import prefill
 
 
 def _self_condition(model, params, tokens, sc):
@@ -177,7 +179,7 @@ def test_score_temperature_ranks_by_the_models_own_probabilities(model_and_param
     """Near-greedy tokens (T = 1e-3) but margins scored at T = 1: the first committed position is the one whose raw
     top-1 minus top-2 probability is largest (at T = 1e-3 every margin would round to 1)."""
     model, params = model_and_params
-    one_per_step = S.TopK(score=S.Margin(), count=S.EvenCount())
+    one_per_step = S.TopK(score=SC.Margin(), count=C.EvenCount())
     sampler = masking_sampler(
         one_per_step,
         early_stopping=E.NoEarlyStop(),
@@ -208,7 +210,7 @@ def test_sc_temperature_feeds_back_the_models_own_probabilities(model_and_params
     model, params = model_and_params
     near_greedy = TEMP.AnnealedTemperature(1e-3, 1e-3)
     sampler = masking_sampler(
-        S.TopK(score=S.Margin(), count=S.EvenCount()),
+        S.TopK(score=SC.Margin(), count=C.EvenCount()),
         early_stopping=E.NoEarlyStop(),
         num_steps=2,
         temperature=near_greedy,
@@ -288,7 +290,7 @@ def test_a_committing_uniform_sampler_keeps_what_it_accepted_and_the_reference_d
         )  # fmt: skip
         runs[commit] = np.asarray(result.trajectory)
         assert np.asarray(result.steps).tolist() == [CANVAS, CANVAS]  # no early stop with positions undecided
-    order = np.argsort(S.dilated_rank(CANVAS))  # the position the rule decides at each step
+    order = np.argsort(SC.dilated_rank(CANVAS))  # the position the rule decides at each step
     kept = runs[True]
     for step, position in enumerate(order):
         assert (kept[step:, :, position] == kept[-1][None, :, position]).all()

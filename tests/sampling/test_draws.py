@@ -10,8 +10,8 @@ import pytest
 from hackable_diffusion.diffusion.processes import UniformProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
 from hackable_diffusion.sampling import draws as D
-from hackable_diffusion.sampling.canvas import DiffusionSampler
-from hackable_diffusion.sampling.selection import NEG_LOGIT
+from hackable_diffusion.sampling.sampler import DiffusionSampler
+from hackable_diffusion.sampling.scores import NEG_LOGIT
 
 
 def frequencies(draw, logits, draws_per_row=4000):
@@ -100,8 +100,8 @@ def test_a_sampler_with_the_blocked_draw_generates_the_same_distribution(model_a
     from _tiny_sampling import VOCAB
 
     from hackable_diffusion.data.tokenizers import BOS_ID
-    from hackable_diffusion.sampling.canvas import row_keys
     from hackable_diffusion.sampling.generate import generate
+    from hackable_diffusion.sampling.keys import row_keys
 
     model, params = model_and_params
     rows = 1500

@@ -1,5 +1,6 @@
-"""Block-autoregressive generation and the AR baseline (`sampling/generate.py`): errors, rows stopping independently,
-padded batches, the cache end, greedy AR with a cache equal to full forwards, top-k / top-p filters."""
+"""Block-autoregressive generation and the AR baseline (`sampling/generate.py`, `autoregressive.py`): errors, rows
+stopping independently, padded batches, the cache end, greedy AR with a cache equal to full forwards, top-k / top-p
+filters."""
 
 import jax
 import jax.numpy as jnp
@@ -9,13 +10,10 @@ from _tiny_sampling import CACHE, CANVAS, PROMPTS, VOCAB, WIDTH, forward, unifor
 
 from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from hackable_diffusion.models import transformer as T
-from hackable_diffusion.sampling.canvas import DiffusionSampler
-from hackable_diffusion.sampling.generate import (
-    ARSampling,
-    generate,
-    generate_ar,
-    pad_prompts,
-)
+from hackable_diffusion.sampling.autoregressive import ARSampling, generate_ar
+from hackable_diffusion.sampling.generate import generate
+from hackable_diffusion.sampling.prompts import pad_prompts
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 
 
 def test_generate_errors_never_wrap(model_and_params):

@@ -17,8 +17,8 @@ from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.attention import init_cache
 from hackable_diffusion.models.config import TransformerConfig
-from hackable_diffusion.sampling.canvas import DiffusionSampler
 from hackable_diffusion.sampling.generate import generate
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 
 pytestmark = pytest.mark.slow
 

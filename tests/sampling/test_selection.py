@@ -1,6 +1,6 @@
-"""Selection rules and count rules (`sampling/selection.py`) on hand-made logits: entropy bound, confidence threshold,
-top-k with its scores, counts and sure positions, ancestral MD4 unmasking, ReMDM remasking, Gumbel noise, and the
-factory's errors."""
+"""Selection rules and count rules (`sampling/selection.py`, `scores.py`, `counts.py`, `remasking.py`) on hand-made
+logits: entropy bound, confidence threshold, top-k with its scores, counts and sure positions, ancestral MD4 unmasking,
+ReMDM remasking, Gumbel noise, and the factory's errors."""
 
 import dataclasses
 import math
@@ -12,8 +12,12 @@ import pytest
 from _tiny_sampling import info, logits_from_probs, uniform_sampler
 
 from hackable_diffusion.diffusion.schedules import LinearSchedule
+from hackable_diffusion.sampling import counts as C
 from hackable_diffusion.sampling import early_stopping as E
+from hackable_diffusion.sampling import remasking as RM
+from hackable_diffusion.sampling import scores as SC
 from hackable_diffusion.sampling import selection as S
+from hackable_diffusion.sampling import selection_base as SB
 from hackable_diffusion.sampling import temperature as TEMP
 
 # Four positions with entropies (nats) ~0, 0.056, 0.693 and log 4 = 1.386 over a 4-token vocabulary.
@@ -34,7 +38,7 @@ KEYS1 = jax.random.split(jax.random.key(0), 1)
 
 def test_entropy_bound_accepts_while_the_exclusive_sum_is_within_gamma():
     logits = logits_from_probs(PROBS)
-    h = np.asarray(S.entropy(logits))[0]
+    h = np.asarray(SC.entropy(logits))[0]
     assert h[0] < 1e-6 and abs(h[3] - math.log(4)) < 1e-5
     cand = jnp.zeros((1, 4), jnp.int32)
     undecided = jnp.ones((1, 4), bool)
@@ -60,7 +64,7 @@ def test_entropy_bound_min_count_spreads_a_step_budget():
     plain, _ = S.EntropyBound(0.1)(KEYS1, logits, cand, undecided, info(step=0, num_steps=4, shape=(1, 8)))
     np.testing.assert_array_equal(plain[0], [1, 0, 0, 0, 0, 0, 0, 0])
     rule = S.make_selection("entropy_bound", gamma=0.1, min_count="even")
-    assert rule == S.EntropyBound(0.1, min_count=S.EvenCount())
+    assert rule == S.EntropyBound(0.1, min_count=C.EvenCount())
     # Budget of 4 steps for 8 positions: the even share, lowest entropies first.
     first, _ = rule(KEYS1, logits, cand, undecided, info(step=0, num_steps=4, shape=(1, 8)))
     np.testing.assert_array_equal(first[0], [1, 1, 0, 0, 0, 0, 0, 0])
@@ -72,13 +76,13 @@ def test_entropy_bound_min_count_spreads_a_step_budget():
     ahead = jnp.array([[False] * 6 + [True] * 2])
     one, _ = rule(KEYS1, logits, cand, ahead, info(step=0, num_steps=4, shape=(1, 8)))
     np.testing.assert_array_equal(one[0], [0, 0, 0, 0, 0, 0, 1, 0])
-    wide, _ = S.EntropyBound(100.0, min_count=S.EvenCount())(KEYS1, logits, cand, ahead, info(shape=(1, 8)))
+    wide, _ = S.EntropyBound(100.0, min_count=C.EvenCount())(KEYS1, logits, cand, ahead, info(shape=(1, 8)))
     np.testing.assert_array_equal(wide[0], np.asarray(ahead[0]))
 
 
 def test_left_to_right_rule_decodes_in_reading_order_skipping_what_is_decided():
     rule = S.make_selection("left_to_right")
-    assert rule == S.TopK(score=S.LeftToRight(), count=S.EvenCount())
+    assert rule == S.TopK(score=SC.LeftToRight(), count=C.EvenCount())
     logits = jax.random.normal(jax.random.key(2), (2, 6, 5))  # the logits do not matter
     cand = jnp.zeros((2, 6), jnp.int32)
     undecided = jnp.array([[False, True, True, False, True, True], [True] * 6])  # row 0: positions 0 and 3 given
@@ -95,11 +99,11 @@ def test_left_to_right_rule_decodes_in_reading_order_skipping_what_is_decided():
 
 
 def test_dilated_rule_decides_far_apart_positions_first_and_fills_the_gaps():
-    assert list(np.argsort(S.dilated_rank(8))) == [0, 4, 2, 6, 1, 3, 5, 7]
-    assert sorted(S.dilated_rank(12)) == list(range(12))  # any length: a permutation
+    assert list(np.argsort(SC.dilated_rank(8))) == [0, 4, 2, 6, 1, 3, 5, 7]
+    assert sorted(SC.dilated_rank(12)) == list(range(12))  # any length: a permutation
     rule = S.make_selection("dilated")
-    assert rule == S.TopK(score=S.DilatedOrder(), count=S.EvenCount())
-    assert S.make_selection("dilated", count="cosine").count == S.CosineCount()
+    assert rule == S.TopK(score=SC.DilatedOrder(), count=C.EvenCount())
+    assert S.make_selection("dilated", count="cosine").count == C.CosineCount()
     # The logits do not matter: a canvas of 32 in 4 steps takes the multiples of 4, then 2 mod 4, then the odd ones.
     logits = jax.random.normal(jax.random.key(1), (2, 32, 5))
     cand = jnp.zeros((2, 32), jnp.int32)
@@ -158,30 +162,32 @@ def test_top_k_scores_and_counts():
         def __call__(self, n, info):
             return jnp.minimum(2, n)
 
-    for score, expected in [(S.Confidence(), [1, 0, 0, 1]), (S.Margin(), [1, 0, 0, 1]), (S.NegEntropy(), [1, 0, 0, 1])]:
+    for score, expected in [
+        (SC.Confidence(), [1, 0, 0, 1]), (SC.Margin(), [1, 0, 0, 1]), (SC.NegEntropy(), [1, 0, 0, 1])
+    ]:
         accept, _ = S.TopK(score=score, count=Two())(KEYS1, logits, cand, undecided, info())
         np.testing.assert_array_equal(accept[0], np.array(expected, bool), err_msg=str(score))
-    np.testing.assert_allclose(S.Margin()(logits, cand)[0], [0.2, 0.15, 0.0, 0.8], atol=1e-6)
-    accept, _ = S.TopK(score=S.Confidence(), count=Two())(KEYS1, logits, cand, jnp.array([[0, 1, 1, 0]], bool), info())
+    np.testing.assert_allclose(SC.Margin()(logits, cand)[0], [0.2, 0.15, 0.0, 0.8], atol=1e-6)
+    accept, _ = S.TopK(score=SC.Confidence(), count=Two())(KEYS1, logits, cand, jnp.array([[0, 1, 1, 0]], bool), info())
     np.testing.assert_array_equal(accept[0], [False, True, True, False])  # only undecided positions compete
 
 
 @pytest.mark.parametrize(
-    "count", [S.ScheduleCount(), S.CosineCount(), S.EvenCount(), S.PowerCount(2.0), S.PowerCount(0.5)]
+    "count", [C.ScheduleCount(), C.CosineCount(), C.EvenCount(), C.PowerCount(2.0), C.PowerCount(0.5)]
 )
 def test_counts_unmask_everything_by_the_last_step(count):
     num_steps, n = 7, 10
     free = jnp.ones((1, n), bool)
     undecided, history = n, []
     for step in range(num_steps):
-        k = int(count(jnp.array([undecided]), S.StepInfo.at(step, num_steps, LinearSchedule(), free, True))[0])
+        k = int(count(jnp.array([undecided]), SB.StepInfo.at(step, num_steps, LinearSchedule(), free, True))[0])
         assert 1 <= k <= undecided or undecided == 0
         history.append(k)
         undecided -= k
     assert undecided == 0, history
-    if isinstance(count, S.EvenCount):
+    if isinstance(count, C.EvenCount):
         assert history == [2, 2, 2, 1, 1, 1, 1]  # LLaDA: 10 // 7 = 1 per step, remainder 3 to the first steps
-    if isinstance(count, S.PowerCount):  # decided after step i: round(10 ((i+1)/7)^e)
+    if isinstance(count, C.PowerCount):  # decided after step i: round(10 ((i+1)/7)^e)
         targets = [round(n * ((i + 1) / num_steps) ** count.exponent) for i in range(num_steps)]
         expected, decided = [], 0
         for target in targets:  # each step decides at least one position while any is left
@@ -190,8 +196,8 @@ def test_counts_unmask_everything_by_the_last_step(count):
             decided += step_k
         assert history == expected, (history, targets)
         assert (history[0] < history[-1]) == (count.exponent > 1), history
-    if isinstance(count, S.ScheduleCount):  # uniform process: #free * alpha(s), all at the last step
-        k = count(jnp.array([n]), S.StepInfo.at(2, 4, LinearSchedule(), free, False))
+    if isinstance(count, C.ScheduleCount):  # uniform process: #free * alpha(s), all at the last step
+        k = count(jnp.array([n]), SB.StepInfo.at(2, 4, LinearSchedule(), free, False))
         assert int(k[0]) == round(n * float(LinearSchedule().alpha(0.25)))
 
 
@@ -215,7 +221,7 @@ def test_remdm_remasks_decided_tokens_with_probability_sigma():
     step_info = info(step=1, num_steps=4, free=free, shape=(1, n))
     a_s, a_t = float(step_info.alpha_s), float(step_info.alpha_t)
     sigma_max = min(1.0, (1 - a_s) / a_t)
-    for rule, sigma in [(S.ReMDMCap(eta=0.2), min(0.2, sigma_max)), (S.ReMDMRescale(eta=0.5), 0.5 * sigma_max)]:
+    for rule, sigma in [(RM.ReMDMCap(eta=0.2), min(0.2, sigma_max)), (RM.ReMDMRescale(eta=0.5), 0.5 * sigma_max)]:
         accept, remask = rule(KEYS1, jnp.zeros((1, n, 4)), jnp.zeros((1, n), jnp.int32), undecided, step_info)
         assert not (accept & ~undecided).any() and not (remask & undecided).any()
         half = n // 2
@@ -223,16 +229,16 @@ def test_remdm_remasks_decided_tokens_with_probability_sigma():
         unmask = (a_s - (1 - sigma) * a_t) / (1 - a_t)
         assert abs(float(accept.sum()) / half - unmask) < 4 * math.sqrt(unmask / half)
     with pytest.raises(ValueError, match="MaskingProcess"):
-        uniform_sampler(selection=S.ReMDMCap())
+        uniform_sampler(selection=RM.ReMDMCap())
 
 
 def test_gumbel_top_k_noise_is_float32_and_seeded():
     logits = jnp.zeros((1, 8, 4))
-    rule = S.TopK(score=S.Confidence(), count=S.ScheduleCount(), gumbel_scale=1.0)
+    rule = S.TopK(score=SC.Confidence(), count=C.ScheduleCount(), gumbel_scale=1.0)
     a, _ = rule(KEYS1, logits, jnp.zeros((1, 8), jnp.int32), jnp.ones((1, 8), bool), info(shape=(1, 8)))
     b, _ = rule(KEYS1, logits, jnp.zeros((1, 8), jnp.int32), jnp.ones((1, 8), bool), info(shape=(1, 8)))
     np.testing.assert_array_equal(a, b)
-    assert S.row_gumbel(KEYS1, (3,)).dtype == jnp.float32
+    assert SB.row_gumbel(KEYS1, (3,)).dtype == jnp.float32
 
 
 def test_top_k_also_above_adds_every_sure_position_to_the_count():
@@ -243,13 +249,13 @@ def test_top_k_also_above_adds_every_sure_position_to_the_count():
     undecided = jnp.array([[True, True, True, True, False, True]])
     cands = jnp.zeros((1, 6), jnp.int32)
     step = info(step=0, num_steps=6, shape=(1, 6))  # the even count decides one of the five undecided positions
-    plain, _ = S.TopK(score=S.Margin())(KEYS1, logits, cands, undecided, step)
+    plain, _ = S.TopK(score=SC.Margin())(KEYS1, logits, cands, undecided, step)
     np.testing.assert_array_equal(plain[0], [True, False, False, False, False, False])
-    sure, _ = S.TopK(score=S.Margin(), also_above=0.85)(KEYS1, logits, cands, undecided, step)
+    sure, _ = S.TopK(score=SC.Margin(), also_above=0.85)(KEYS1, logits, cands, undecided, step)
     np.testing.assert_array_equal(sure[0], [True, False, True, False, False, False])  # + margin 0.9, not decided 4
-    every, _ = S.TopK(score=S.Margin(), also_above=0.01)(KEYS1, logits, cands, undecided, step)
+    every, _ = S.TopK(score=SC.Margin(), also_above=0.01)(KEYS1, logits, cands, undecided, step)
     np.testing.assert_array_equal(every[0], np.asarray(undecided[0]))
-    assert S.make_selection("top_k_margin", also_above=0.9) == S.TopK(score=S.Margin(), also_above=0.9)
+    assert S.make_selection("top_k_margin", also_above=0.9) == S.TopK(score=SC.Margin(), also_above=0.9)
     with pytest.raises(ValueError, match="also_above"):
         S.TopK(also_above=1.5)
 
@@ -263,12 +269,12 @@ def test_unknown_names_raise():
         E.make_early_stopping("never")
     with pytest.raises(ValueError, match="does not take"):
         S.make_selection("entropy_bound", tau=0.3)
-    assert S.make_selection("top_k_margin", gumbel_scale=0.5) == S.TopK(score=S.Margin(), gumbel_scale=0.5)
-    assert S.make_selection("maskgit").count == S.CosineCount()
-    assert S.make_selection("top_k_margin", count="power", count_exponent=1.5).count == S.PowerCount(1.5)
-    assert S.make_selection("top_k_margin", count="power").count == S.PowerCount()
-    assert S.make_selection("top_k_margin", count="cosine").count == S.CosineCount()
-    assert S.make_selection("entropy_bound", min_count="even").min_count == S.EvenCount()
+    assert S.make_selection("top_k_margin", gumbel_scale=0.5) == S.TopK(score=SC.Margin(), gumbel_scale=0.5)
+    assert S.make_selection("maskgit").count == C.CosineCount()
+    assert S.make_selection("top_k_margin", count="power", count_exponent=1.5).count == C.PowerCount(1.5)
+    assert S.make_selection("top_k_margin", count="power").count == C.PowerCount()
+    assert S.make_selection("top_k_margin", count="cosine").count == C.CosineCount()
+    assert S.make_selection("entropy_bound", min_count="even").min_count == C.EvenCount()
     for count, exponent, message in [
         ("cosine", 2.0, "takes no exponent"),
         ("fast", None, "unknown count rule"),
@@ -277,13 +283,13 @@ def test_unknown_names_raise():
         with pytest.raises(ValueError, match=message):
             S.make_selection("top_k_margin", count=count, count_exponent=exponent)
     with pytest.raises(ValueError, match="exponent must be > 0"):
-        S.PowerCount(0.0)
+        C.PowerCount(0.0)
 
 
 def test_neg_logit_removes_a_token_from_the_softmax_and_stays_finite():
-    got = jax.nn.softmax(jnp.array([0.0, 2.0, S.NEG_LOGIT]))
+    got = jax.nn.softmax(jnp.array([0.0, 2.0, SC.NEG_LOGIT]))
     np.testing.assert_allclose(got, [*jax.nn.softmax(jnp.array([0.0, 2.0])).tolist(), 0.0], rtol=1e-6)
-    assert np.isfinite(np.float32(S.NEG_LOGIT) * 2)
+    assert np.isfinite(np.float32(SC.NEG_LOGIT) * 2)
 
 
 def test_top_k_ties_go_to_the_lower_index_in_a_long_row():
@@ -297,30 +303,30 @@ def test_confidence_of_the_candidate_and_of_the_top_from_logits_and_from_their_s
     probs = jnp.array([[[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]]])
     logits = logits_from_probs(probs)
     candidates = jnp.array([[2, 0]])
-    summary = S.LogitSummary(
+    summary = SC.LogitSummary(
         max=logits.max(-1),
         argmax=logits.argmax(-1),
         second=jnp.sort(logits, -1)[..., -2],
         sumexp=jnp.sum(jnp.exp(logits - logits.max(-1, keepdims=True)), -1),
-        entropy=S.entropy(logits),
+        entropy=SC.entropy(logits),
         at_candidate=jnp.take_along_axis(logits, candidates[..., None], -1)[..., 0],
     )
     for source in (logits, summary):
-        np.testing.assert_allclose(S.Confidence()(source, candidates), [[0.2, 0.1]], rtol=1e-5)
-        np.testing.assert_allclose(S.Confidence(of_top=True)(source, candidates), [[0.5, 0.6]], rtol=1e-5)
+        np.testing.assert_allclose(SC.Confidence()(source, candidates), [[0.2, 0.1]], rtol=1e-5)
+        np.testing.assert_allclose(SC.Confidence(of_top=True)(source, candidates), [[0.5, 0.6]], rtol=1e-5)
 
 
 def test_scores_counts_and_rules_are_frozen_and_a_rule_of_ones_own_must_be_too():
-    things = [S.Confidence(), S.Margin(), S.NegEntropy(), S.DilatedOrder(), S.LeftToRight(), S.ScheduleCount()]
-    things += [S.CosineCount(), S.EvenCount(), S.PowerCount(), S.TopK(), S.Ancestral(), S.EntropyBound()]
-    for thing in things + [S.ConfidenceThreshold(), S.ReMDMCap(), S.ReMDMRescale()]:
+    things = [SC.Confidence(), SC.Margin(), SC.NegEntropy(), SC.DilatedOrder(), SC.LeftToRight(), C.ScheduleCount()]
+    things += [C.CosineCount(), C.EvenCount(), C.PowerCount(), S.TopK(), S.Ancestral(), S.EntropyBound()]
+    for thing in things + [S.ConfidenceThreshold(), RM.ReMDMCap(), RM.ReMDMRescale()]:
         hash(thing)  # static arguments of the jitted sampler
         with pytest.raises(dataclasses.FrozenInstanceError):
             thing.extra = 1
     with pytest.raises(TypeError, match="frozen"):
 
         @dataclasses.dataclass
-        class Mutable(S.SelectionRule):
+        class Mutable(SB.SelectionRule):
             def __call__(self, keys, logits, candidates, undecided, info):
                 return undecided, undecided
 
@@ -329,9 +335,9 @@ def test_schedule_count_is_the_expected_number_unmasked_at_the_step():
     """#undecided (alpha_s - alpha_t) / (1 - alpha_t), rounded (masking); #free alpha_s without persistence."""
     n = jnp.array([6, 9])
     at = info(step=1, num_steps=4, shape=(2, 9))  # t = 0.75, s = 0.5: alpha_t ~ 0.25, alpha_s ~ 0.5
-    np.testing.assert_array_equal(S.ScheduleCount()(n, at), [2, 3])  # 6 / 3, 9 / 3
+    np.testing.assert_array_equal(C.ScheduleCount()(n, at), [2, 3])  # 6 / 3, 9 / 3
     uniform = info(step=1, num_steps=4, shape=(2, 9), persistent=False)
-    np.testing.assert_array_equal(S.ScheduleCount()(n, uniform), [3, 4])  # round(3.0), round(4.5) to even
+    np.testing.assert_array_equal(C.ScheduleCount()(n, uniform), [3, 4])  # round(3.0), round(4.5) to even
 
 
 def test_cosine_count_follows_maskgits_cosine_of_the_steps_done():
@@ -339,7 +345,7 @@ def test_cosine_count_follows_maskgits_cosine_of_the_steps_done():
     n_free, steps = 10, 4
     undecided, want = 10, []
     for step in range(steps):
-        k = int(S.CosineCount()(jnp.array([undecided]), info(step=step, num_steps=steps, shape=(1, n_free)))[0])
+        k = int(C.CosineCount()(jnp.array([undecided]), info(step=step, num_steps=steps, shape=(1, n_free)))[0])
         want.append(k)
         undecided -= k
     assert want == [1, 2, 4, 3]
@@ -349,16 +355,16 @@ def test_power_count_defaults_to_the_square_and_remdm_to_the_papers_etas():
     n, steps = 16, 4  # decided after step i: round(16 ((i + 1) / 4)^2) = 1, 4, 9, 16
     undecided, got = n, []
     for step in range(steps):
-        k = int(S.PowerCount()(jnp.array([undecided]), info(step=step, num_steps=steps, shape=(1, n)))[0])
+        k = int(C.PowerCount()(jnp.array([undecided]), info(step=step, num_steps=steps, shape=(1, n)))[0])
         got.append(k)
         undecided -= k
     assert got == [1, 3, 5, 7]
-    assert (S.ReMDMCap().eta, S.ReMDMRescale().eta) == (0.008, 0.015)
+    assert (RM.ReMDMCap().eta, RM.ReMDMRescale().eta) == (0.008, 0.015)
 
 
 def test_which_rules_take_a_logit_summary():
-    assert S.EntropyBound().chunkable() and S.Ancestral().chunkable() and S.ReMDMCap().chunkable()
-    assert S.TopK(score=S.Margin()).chunkable() and S.ConfidenceThreshold().chunkable()
+    assert S.EntropyBound().chunkable() and S.Ancestral().chunkable() and RM.ReMDMCap().chunkable()
+    assert S.TopK(score=SC.Margin()).chunkable() and S.ConfidenceThreshold().chunkable()
 
 
 def test_ancestral_draws_one_row_of_uniforms_per_batch_row():
@@ -367,7 +373,7 @@ def test_ancestral_draws_one_row_of_uniforms_per_batch_row():
     at = info(step=1, num_steps=4, shape=(3, 5))
     accept, remask = S.Ancestral()(keys, None, None, undecided, at)
     assert accept.shape == remask.shape == (3, 5)
-    np.testing.assert_array_equal(accept, S.row_uniform(keys, (5,)) < (at.alpha_s - at.alpha_t) / (1 - at.alpha_t))
+    np.testing.assert_array_equal(accept, SB.row_uniform(keys, (5,)) < (at.alpha_s - at.alpha_t) / (1 - at.alpha_t))
 
 
 def test_top_k_refuses_a_zero_threshold_and_confidence_threshold_accepts_a_score_equal_to_tau():
@@ -383,7 +389,7 @@ def test_gumbel_top_1_picks_a_position_with_probability_softmax_of_score_over_sc
     """Gumbel-top-k: with k = 1 the chosen position is distributed as softmax(score / gumbel_scale)."""
     rows, c = 8000, jnp.array([0.2, 0.5, 0.9])
     logits = jnp.broadcast_to(jnp.log(jnp.stack([c, 1 - c], -1)), (rows, 3, 2))
-    rule = S.TopK(score=S.Confidence(), count=S.ScheduleCount(), gumbel_scale=0.5)
+    rule = S.TopK(score=SC.Confidence(), count=C.ScheduleCount(), gumbel_scale=0.5)
     keys = jax.random.split(jax.random.key(7), rows)
     undecided = jnp.ones((rows, 3), bool)
     accept, _ = rule(keys, logits, jnp.zeros((rows, 3), jnp.int32), undecided, info(num_steps=3, shape=(rows, 3)))
@@ -395,39 +401,39 @@ def test_margin_from_logits_and_from_their_summary():
     probs = jnp.array([[[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]]])
     logits = logits_from_probs(probs)
     top = jnp.sort(logits, -1)
-    summary = S.LogitSummary(
+    summary = SC.LogitSummary(
         max=top[..., -1],
         argmax=logits.argmax(-1),
         second=top[..., -2],
         sumexp=jnp.sum(jnp.exp(logits - top[..., -1:]), -1),
-        entropy=S.entropy(logits),
+        entropy=SC.entropy(logits),
         at_candidate=top[..., -1],
     )
     for source in (logits, summary):
-        np.testing.assert_allclose(S.Margin()(source, None), [[0.2, 0.3]], rtol=1e-5)
+        np.testing.assert_allclose(SC.Margin()(source, None), [[0.2, 0.3]], rtol=1e-5)
 
 
 def test_dilated_rank_of_a_length_that_is_not_a_power_of_two():
     # levels: 0 first, then 4 (divisible by 4), then 2, then the odd positions by index
-    np.testing.assert_array_equal(S.dilated_rank(6), [0, 3, 2, 4, 1, 5])
+    np.testing.assert_array_equal(SC.dilated_rank(6), [0, 3, 2, 4, 1, 5])
 
 
 def test_power_count_without_persistence_counts_from_nothing_decided():
     uniform = info(step=1, num_steps=4, shape=(1, 16), persistent=False)  # decided after step 1: round(16 / 4) = 4
-    np.testing.assert_array_equal(S.PowerCount()(jnp.array([16]), uniform), [4])
+    np.testing.assert_array_equal(C.PowerCount()(jnp.array([16]), uniform), [4])
 
 
 def test_the_rule_base_class_is_abstract_and_a_rule_of_ones_own_neither_remasks_nor_takes_a_summary():
     with pytest.raises(TypeError, match="abstract"):
-        S.SelectionRule()
+        SB.SelectionRule()
 
     @dataclasses.dataclass(frozen=True)
-    class Everything(S.SelectionRule):
+    class Everything(SB.SelectionRule):
         def __call__(self, keys, logits, candidates, undecided, info):
             return undecided, jnp.zeros_like(undecided)
 
     assert not Everything.remasks and not Everything().chunkable()
-    assert S.ReMDMCap.remasks and not S.TopK.remasks and not S.EntropyBound.remasks
+    assert RM.ReMDMCap.remasks and not S.TopK.remasks and not S.EntropyBound.remasks
 
 
 def test_entropy_bound_defaults_to_diffusiongemmas_gamma_refuses_a_negative_one_and_breaks_ties_by_index():
@@ -443,26 +449,26 @@ def test_entropy_bound_defaults_to_diffusiongemmas_gamma_refuses_a_negative_one_
 
 
 def test_rule_arguments_are_checked_at_their_bounds():
-    closed_ends = [S.TopK(also_above=1.0), S.TopK(gumbel_scale=0.0), S.ReMDMCap(eta=0.0)]  # built, not refused
+    closed_ends = [S.TopK(also_above=1.0), S.TopK(gumbel_scale=0.0), RM.ReMDMCap(eta=0.0)]  # built, not refused
     closed_ends += [S.ConfidenceThreshold(tau=0.0), S.ConfidenceThreshold(tau=1.0)]
     assert [rule.remasks for rule in closed_ends] == [False, False, True, False, False]
     bad = [lambda: S.TopK(gumbel_scale=-0.5), lambda: S.ConfidenceThreshold(tau=-0.5),
-           lambda: S.ConfidenceThreshold(tau=1.5), lambda: S.ReMDMCap(eta=-0.5)]  # fmt: skip
+           lambda: S.ConfidenceThreshold(tau=1.5), lambda: RM.ReMDMCap(eta=-0.5)]  # fmt: skip
     for make in bad:
         with pytest.raises(ValueError):
             make()
     with pytest.raises(TypeError, match="abstract"):
-        S._ReMDM()  # sigma is left to the subclasses
+        RM._ReMDM()  # sigma is left to the subclasses
 
 
 def test_top_k_also_above_accepts_a_score_equal_to_the_threshold():
     logits = jnp.zeros((1, 3, 2)).at[0, 2, 0].set(5.0)  # positions 0 and 1: confidence exactly 0.5
-    rule = S.TopK(score=S.Confidence(), count=S.ScheduleCount(), also_above=0.5)  # the count alone takes position 2
+    rule = S.TopK(score=SC.Confidence(), count=C.ScheduleCount(), also_above=0.5)  # the count alone takes position 2
     accept, _ = rule(KEYS1, logits, jnp.zeros((1, 3), jnp.int32), jnp.ones((1, 3), bool), info(shape=(1, 3)))
     np.testing.assert_array_equal(accept, [[True, True, True]])
 
 
-@pytest.mark.parametrize("rule, sigma", [(S.ReMDMCap(eta=0.3), 0.3), (S.ReMDMRescale(eta=0.5), 0.25)])
+@pytest.mark.parametrize("rule, sigma", [(RM.ReMDMCap(eta=0.3), 0.3), (RM.ReMDMRescale(eta=0.5), 0.25)])
 def test_remdm_unmasks_and_remasks_with_the_posterior_probabilities(rule, sigma):
     """Step 2 of 4 (t = 0.5, s = 0.25): sigma_max = min(1, (1 - alpha_s) / alpha_t) ~ 0.5, so cap 0.3 gives sigma 0.3 and
     rescale 0.5 gives 0.25; unmask with (alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t), remask a decided token with
@@ -473,7 +479,7 @@ def test_remdm_unmasks_and_remasks_with_the_posterior_probabilities(rule, sigma)
     accept, remask = rule(keys, None, None, undecided, at)
     np.testing.assert_allclose(jnp.minimum(1.0, (1 - at.alpha_s) / at.alpha_t), 0.5, rtol=1e-3)
     unmask = (at.alpha_s - (1 - sigma) * at.alpha_t) / (1 - at.alpha_t)
-    u = S.row_uniform(keys, (100,))
+    u = SB.row_uniform(keys, (100,))
     assert 0 < int(accept.sum()) < 150 and 0 < int(remask.sum()) < 150
     np.testing.assert_array_equal(accept, undecided & (u < unmask))
     np.testing.assert_array_equal(remask, ~undecided & (u < sigma))
@@ -483,26 +489,26 @@ def test_remdm_unmasks_and_remasks_with_the_posterior_probabilities(rule, sigma)
 
 
 def test_remdm_rescale_eta_is_at_most_one_and_the_named_rules_are_built_as_named():
-    assert S.ReMDMRescale(eta=1.0).eta == 1.0
+    assert RM.ReMDMRescale(eta=1.0).eta == 1.0
     with pytest.raises(ValueError):
-        S.ReMDMRescale(eta=1.5)
-    assert S.make_selection("top_k_top_probability").score == S.Confidence(of_top=True)
+        RM.ReMDMRescale(eta=1.5)
+    assert S.make_selection("top_k_top_probability").score == SC.Confidence(of_top=True)
     with pytest.raises(TypeError):
         S.make_selection("top_k_margin", "cosine")  # the count is keyword-only
 
 
 def test_entropy_and_top_index_with_an_impossible_token():
     logits = jnp.array([[[0.0, 0.0, -jnp.inf], [1.0, 3.0, 2.0]]])  # p = 0 adds nothing (not 0 * -inf)
-    np.testing.assert_allclose(S.entropy(logits)[0, 0], math.log(2), rtol=1e-6)
-    np.testing.assert_array_equal(S.top_index(logits), [[0, 1]])
+    np.testing.assert_allclose(SC.entropy(logits)[0, 0], math.log(2), rtol=1e-6)
+    np.testing.assert_array_equal(SC.top_index(logits), [[0, 1]])
     zeros = jnp.zeros((1, 2))
-    summary = S.LogitSummary(zeros, jnp.array([[2, 0]]), zeros, zeros, zeros, zeros)
-    np.testing.assert_array_equal(S.top_index(summary), [[2, 0]])  # a summary's own argmax
+    summary = SC.LogitSummary(zeros, jnp.array([[2, 0]]), zeros, zeros, zeros, zeros)
+    np.testing.assert_array_equal(SC.top_index(summary), [[2, 0]])  # a summary's own argmax
 
 
 def test_counts_without_persistence_count_from_nothing_decided():
     uniform = info(step=1, num_steps=4, shape=(1, 8), persistent=False)
-    np.testing.assert_array_equal(S.EvenCount()(jnp.array([8]), uniform), [4])  # 2 per step, 2 steps done
-    np.testing.assert_array_equal(S.CosineCount()(jnp.array([8]), uniform), [3])  # 8 - floor(8 cos(pi / 4)) = 3
+    np.testing.assert_array_equal(C.EvenCount()(jnp.array([8]), uniform), [4])  # 2 per step, 2 steps done
+    np.testing.assert_array_equal(C.CosineCount()(jnp.array([8]), uniform), [3])  # 8 - floor(8 cos(pi / 4)) = 3
     with pytest.raises(dataclasses.FrozenInstanceError):
         uniform.step = 2

@@ -20,15 +20,20 @@ from hackable_diffusion.data.tokenizers import BOS_ID
 from hackable_diffusion.models import attention, presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
+from hackable_diffusion.sampling import counts as C
 from hackable_diffusion.sampling import draws as D
 from hackable_diffusion.sampling import early_stopping as E
+from hackable_diffusion.sampling import remasking as RM
+from hackable_diffusion.sampling import scores as SC
 from hackable_diffusion.sampling import selection as S
+from hackable_diffusion.sampling import selection_base as SB
 from hackable_diffusion.sampling import temperature as TEMP
 from hackable_diffusion.sampling import vocab_chunks as VC
-from hackable_diffusion.sampling.canvas import DiffusionSampler, _denoise, canvas_logits, denoise_canvas
+from hackable_diffusion.sampling.canvas import _denoise, canvas_logits, denoise_canvas
 from hackable_diffusion.sampling.constraints import LogitConstraint
 from hackable_diffusion.sampling.generate import generate
-from hackable_diffusion.sampling.selection import NEG_LOGIT
+from hackable_diffusion.sampling.sampler import DiffusionSampler
+from hackable_diffusion.sampling.scores import NEG_LOGIT
 from hackable_diffusion.sampling.views import PermutationViews
 
 CHUNKS = [7, 16, 64, 100]  # do not divide 64, divide it, the whole vocabulary, more than it
@@ -78,12 +83,12 @@ def test_summary_scores_and_candidates_equal_the_whole_vocabulary(chunk):
         np.testing.assert_array_equal(summary.second, jax.lax.top_k(x, 2)[0][..., 1])
         np.testing.assert_array_equal(summary.at_candidate, jnp.take_along_axis(x, candidates[..., None], -1)[..., 0])
         np.testing.assert_allclose(summary.max + jnp.log(summary.sumexp), jax.nn.logsumexp(x, axis=-1), rtol=1e-6)
-        np.testing.assert_allclose(S.entropy(summary), S.entropy(x), rtol=1e-5, atol=1e-6)
-        for score in (S.Confidence(), S.Confidence(of_top=True), S.Margin(), S.NegEntropy()):
+        np.testing.assert_allclose(SC.entropy(summary), SC.entropy(x), rtol=1e-5, atol=1e-6)
+        for score in (SC.Confidence(), SC.Confidence(of_top=True), SC.Margin(), SC.NegEntropy()):
             np.testing.assert_allclose(score(summary, candidates), score(x, candidates), rtol=1e-5, atol=1e-6)
-        np.testing.assert_array_equal(S.top_index(summary), S.top_index(x))
+        np.testing.assert_array_equal(SC.top_index(summary), SC.top_index(x))
     assert float(summaries[0].second[0, 0]) == float(summaries[0].max[0, 0])  # the tie is kept as the second maximum
-    assert float(S.Margin()(summaries[0], candidates)[0, 0]) == 0.0
+    assert float(SC.Margin()(summaries[0], candidates)[0, 0]) == 0.0
 
 
 @pytest.mark.parametrize("chunk", [7, 16, 100])
@@ -157,7 +162,7 @@ SAMPLERS = {
     # near-greedy tokens, margins scored at T = 1, the model's own probabilities fed back, a task constraint: three
     # logits views in one scan
     "masking_three_views_chunk_16": lambda: masking_sampler(
-        S.TopK(score=S.Margin(), count=S.EvenCount()),
+        S.TopK(score=SC.Margin(), count=C.EvenCount()),
         early_stopping=E.EntropyBelow(0.01),
         temperature=TEMP.ConstantTemperature(1e-3),
         score_temperature=1.0,
@@ -166,7 +171,7 @@ SAMPLERS = {
         vocab_chunk=16,
     ),
     "masking_threshold_blocked_chunk_40": lambda: masking_sampler(
-        S.ConfidenceThreshold(0.5, score=S.Confidence()),
+        S.ConfidenceThreshold(0.5, score=SC.Confidence()),
         early_stopping=E.NoEarlyStop(),
         draw=D.BlockedInverseCdf(8),
         vocab_chunk=40,
@@ -201,7 +206,7 @@ def test_generate_with_chunks_gives_the_same_tokens_at_greedy_settings(model_and
 
 
 @dataclasses.dataclass(frozen=True)
-class SortedTopRule(S.SelectionRule):
+class SortedTopRule(SB.SelectionRule):
     """A test rule that reads the whole sorted distribution."""
 
     def __call__(self, keys, logits, candidates, undecided, info):
@@ -213,7 +218,7 @@ class TailMass:
     """A test score that reads the whole distribution."""
 
     def __call__(self, logits, candidates):
-        return jnp.sort(S.probabilities(logits), axis=-1)[..., :-5].sum(-1)
+        return jnp.sort(SC.probabilities(logits), axis=-1)[..., :-5].sum(-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,9 +247,9 @@ def test_sampler_refuses_what_it_cannot_chunk():
         VC.summarise(VC.BiasedLogits(jnp.zeros((2, 3, 8)), jnp.zeros(8)), (1.0,), 4, gumbel_keys=rbg_keys)
     uniform_sampler(selection=SortedTopRule())  # unchunked, any rule goes
     uniform_sampler(draw=D.BlockedInverseCdf(8), vocab_chunk=100)  # one chunk covers the vocabulary
-    for rule in (S.EntropyBound(), S.Ancestral(), S.ConfidenceThreshold(), S.TopK(score=S.Margin())):
+    for rule in (S.EntropyBound(), S.Ancestral(), S.ConfidenceThreshold(), S.TopK(score=SC.Margin())):
         assert rule.chunkable()
-    assert S.ReMDMCap().chunkable() and E.transformers_early_stopping().chunkable()
+    assert RM.ReMDMCap().chunkable() and E.transformers_early_stopping().chunkable()
 
 
 def test_config_key_sets_the_chunk():

@@ -9,7 +9,8 @@ from _tiny_configs import tiny_text_config
 
 from hackable_diffusion import experiment
 from hackable_diffusion.models import transformer as T
-from hackable_diffusion.serve.engine import Engine, Request, SamplerSettings
+from hackable_diffusion.serve.engine import Engine
+from hackable_diffusion.serve.requests import Request, SamplerSettings
 from hackable_diffusion.training.compilations import count_compilations
 
 PROMPT = "ROMEO: what light through yonder"

@@ -17,7 +17,8 @@ from hackable_diffusion.checkpoints import toolbox  # noqa: E402
 from hackable_diffusion.serve import chat, metrics  # noqa: E402
 from hackable_diffusion.serve.app import build_app  # noqa: E402
 from hackable_diffusion.serve.command import ServerThread  # noqa: E402
-from hackable_diffusion.serve.engine import Engine, QueueFull, Request, SamplerSettings, cut_at_stop  # noqa: E402
+from hackable_diffusion.serve.engine import Engine  # noqa: E402
+from hackable_diffusion.serve.requests import QueueFull, Request, SamplerSettings, cut_at_stop  # noqa: E402
 from hackable_diffusion.tasks import text  # noqa: E402
 
 pytestmark = pytest.mark.slow

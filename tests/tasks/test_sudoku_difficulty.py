@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hackable_diffusion.tasks.sudoku import difficulty, exact_solver, generator, hard_puzzles
-from hackable_diffusion.tasks.sudoku import task as sudoku_task
+from hackable_diffusion.tasks.sudoku import held_out
 from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
 
 # Arto Inkala's 2012 puzzle (21 givens), one of the hardest published; 0 = blank.
@@ -244,11 +244,11 @@ def test_evaluate_reports_accuracy_per_band(tmp_path, monkeypatch, generated):
             network_passes=np.ones(n), search=None,
         )  # fmt: skip
 
-    monkeypatch.setattr(sudoku_task, "solve_puzzles", fake_solve)
+    monkeypatch.setattr(held_out, "solve_puzzles", fake_solve)
     config = sudoku_config()
     config.data.cache_dir = str(tmp_path)
     exp = types.SimpleNamespace(config=config)
-    out = sudoku_task.evaluate_puzzles(exp, None, puzzles, solutions)
+    out = held_out.evaluate_puzzles(exp, None, puzzles, solutions)
     counts = difficulty.guess_counts(puzzles, cache_dir=None)
     assert counts[:2].tolist() == [0, 393]
     band = str(difficulty.guess_band(counts[2]))

@@ -10,9 +10,9 @@ from _tiny_sudoku import tiny_sudoku_config as _tiny
 from hackable_diffusion import cli, experiment
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.tasks.sudoku import grids as grid_lib
+from hackable_diffusion.tasks.sudoku.held_out import evaluate_puzzles
 from hackable_diffusion.tasks.sudoku.inference import SolverSettings, restart_config, solve_puzzles
 from hackable_diffusion.tasks.sudoku.symmetry import grid_symmetries
-from hackable_diffusion.tasks.sudoku.task import evaluate_puzzles
 
 
 @pytest.mark.slow

@@ -13,9 +13,9 @@ from hackable_diffusion.models import transformer as T
 from hackable_diffusion.tasks.sudoku import data as sudoku_data
 from hackable_diffusion.tasks.sudoku import grids as grid_lib
 from hackable_diffusion.tasks.sudoku import layouts
+from hackable_diffusion.tasks.sudoku.held_out import evaluate_elbo
 from hackable_diffusion.tasks.sudoku.inference import solve_puzzles
 from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
-from hackable_diffusion.tasks.sudoku.task import evaluate_elbo
 
 
 @pytest.mark.slow

@@ -17,11 +17,11 @@ from hackable_diffusion.sampling.views import PermutationViews
 from hackable_diffusion.tasks.sudoku import generator
 from hackable_diffusion.tasks.sudoku.exact_solver import solve
 from hackable_diffusion.tasks.sudoku.grids import conflicting_cells, is_valid_solution, respects_givens
+from hackable_diffusion.tasks.sudoku.held_out import evaluate_puzzles
 from hackable_diffusion.tasks.sudoku.inference import SolverSettings, puzzle_sampler, solve_puzzles
 from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
 from hackable_diffusion.tasks.sudoku.structure import grid_prior
 from hackable_diffusion.tasks.sudoku.symmetry import grid_symmetries, symmetry_views
-from hackable_diffusion.tasks.sudoku.task import evaluate_puzzles
 from hackable_diffusion.tasks.sudoku.vocab import FIRST_DIGIT_ID, VOCAB_SIZE
 
 

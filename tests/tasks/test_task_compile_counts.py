@@ -10,7 +10,7 @@ from _tiny_sudoku import tiny_sudoku_config
 from hackable_diffusion import experiment
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.tasks.countdown.evaluation import SolveProblems
-from hackable_diffusion.tasks.sudoku.task import evaluate_puzzles
+from hackable_diffusion.tasks.sudoku.held_out import evaluate_puzzles
 from hackable_diffusion.training.compilations import count_compilations
 
 

@@ -13,7 +13,7 @@ from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.tasks import text
-from hackable_diffusion.tasks.text import TextTask
+from hackable_diffusion.tasks.text_task import TextTask
 
 
 @pytest.mark.slow

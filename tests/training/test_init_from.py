@@ -18,7 +18,7 @@ import pytest
 from _tiny_configs import tiny_text_config
 
 from hackable_diffusion import builders, train
-from hackable_diffusion.checkpoints import base_weights, toolbox
+from hackable_diffusion.checkpoints import base_weights, toolbox, weight_matching
 from hackable_diffusion.checkpoints.trees import flatten_tree
 
 SELF_CONDITIONER = (
@@ -59,7 +59,7 @@ def masking_from_ar(trained_text_runs, tmp_path_factory):
 
 def test_autoregressive_and_masking_runs_have_the_same_parameters_and_uniform_adds_a_self_conditioner():
     def paths(process):
-        shapes = base_weights.param_shapes(builders.build_model(tiny_text_config(process, moe=False), 68))
+        shapes = weight_matching.param_shapes(builders.build_model(tiny_text_config(process, moe=False), 68))
         return {p: s.shape for p, s in flatten_tree(shapes).items()}
 
     ar, masking, uniform = paths("none"), paths("masking"), paths("uniform")
@@ -71,7 +71,7 @@ def test_a_masking_run_starts_from_an_autoregressive_run(masking_from_ar):
     source, workdir, output = masking_from_ar
     source_params = flatten_tree(toolbox.load_toolbox_params(source, weights="raw")[0])
 
-    report = json.loads((workdir / base_weights.REPORT_FILE).read_text())
+    report = json.loads((workdir / weight_matching.REPORT_FILE).read_text())
     assert report["source"].startswith(f"toolbox:{source}@")
     assert report["totals"]["loaded"] == {
         "arrays": len(source_params),
@@ -108,10 +108,10 @@ def test_new_parameters_are_reported_when_allowed_and_refused_otherwise(trained_
     assert set(loaded) == set(flatten_tree(base.params)) and report.unused == ()
     table = report.table()
     assert "new" in table and "self_conditioner/ffw/linear" in table
-    assert json.loads((tmp_path / base_weights.REPORT_FILE).read_text())["totals"]["new"]["arrays"] == 3
+    assert json.loads((tmp_path / weight_matching.REPORT_FILE).read_text())["totals"]["new"]["arrays"] == 3
 
     # the start: the source's arrays, the self-conditioner from the model's own random init
-    params = flatten_tree(jax.device_get(base_weights.start_init_fn(model, loaded)(jax.random.key(0))))
+    params = flatten_tree(jax.device_get(weight_matching.start_init_fn(model, loaded)(jax.random.key(0))))
     np.testing.assert_array_equal(params["final_norm/scale"], loaded["final_norm/scale"])
     assert np.abs(params["self_conditioner/ffw/linear"]).sum() > 0
 
@@ -126,7 +126,7 @@ def test_new_parameters_are_reported_when_allowed_and_refused_otherwise(trained_
 def test_unused_source_parameters_are_listed_and_dtypes_cast():
     shapes = {"a": {"w": jax.ShapeDtypeStruct((2, 3), np.float32)}, "b": jax.ShapeDtypeStruct((4,), np.float32)}
     source = {"a": {"w": np.ones((2, 3), np.float16)}, "b": np.zeros(4, np.float32), "extra": np.zeros((5, 5))}
-    loaded, report = base_weights.match_params(source, shapes, allow_new=(), source="test")
+    loaded, report = weight_matching.match_params(source, shapes, allow_new=(), source="test")
     assert loaded["a/w"].dtype == np.float32 and report.cast == (("a/w", "float16", "float32"),)
     assert report.unused == (("extra", (5, 5)),)
     assert report.totals() == {
@@ -141,7 +141,7 @@ def test_a_shape_mismatch_names_the_parameter_and_both_shapes(trained_text_runs,
     config = from_weights_config("masking", trained_text_runs["none"])
     config.model.ffw_hidden = 64  # the source's is 48
     workdir = tmp_path / "mismatch"
-    with pytest.raises(base_weights.InitMismatchError) as err:
+    with pytest.raises(weight_matching.InitMismatchError) as err:
         train_quietly(config, workdir)
     message = str(err.value)
     assert "'layers/block_0/mlp2/gating_einsum': (1, 2, 48, 32) in the source, (1, 2, 64, 32) in this model" in message
@@ -153,7 +153,7 @@ def test_a_resumed_run_does_not_read_the_source_again(masking_from_ar, tmp_path,
     source, finished, _ = masking_from_ar
     workdir = tmp_path / "resumed"
     shutil.copytree(finished, workdir)
-    report = (workdir / base_weights.REPORT_FILE).read_text()
+    report = (workdir / weight_matching.REPORT_FILE).read_text()
 
     def no_source(config):
         raise AssertionError("a resumed run read config.init's source")
@@ -163,7 +163,7 @@ def test_a_resumed_run_does_not_read_the_source_again(masking_from_ar, tmp_path,
     output = train_quietly(config, workdir)
     assert "Restored checkpoint at step 1" in output and "Initialised a new model" not in output
     assert "keeps the init it started with" in output
-    assert (workdir / base_weights.REPORT_FILE).read_text() == report
+    assert (workdir / weight_matching.REPORT_FILE).read_text() == report
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["init"]["checkpoint"] == str(source)  # the init the run started with
     assert toolbox.load_toolbox_params(workdir, weights="raw")[1] == 2

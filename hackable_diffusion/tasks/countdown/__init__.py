@@ -6,5 +6,5 @@
 | `recipes` | the config builders of the Countdown runs |
 | `vocab`, `layouts`, `data` | the character vocabulary, the two row layouts and their objectives, the cached rows |
 | `problems`, `solver`, `expressions` | seeded solvable problems, the exhaustive solver, the exact verifier |
-| `inference`, `scoring`, `evaluation` | answers from a model, rewards and exact-answer rates, the evaluate command |
+| `inference`, `scoring`, `held_out`, `evaluation` | answers from a model, rewards and exact-answer rates, a run's held-out scores, the evaluate command |
 """

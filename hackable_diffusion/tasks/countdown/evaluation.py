@@ -20,7 +20,7 @@ from hackable_diffusion.recipes import sampler_report
 from hackable_diffusion.tasks.countdown import data as data_lib
 from hackable_diffusion.tasks.countdown import problems as problems_lib
 from hackable_diffusion.tasks.countdown.layouts import layout_of
-from hackable_diffusion.tasks.countdown.task import evaluate_problems
+from hackable_diffusion.tasks.countdown.held_out import evaluate_problems
 
 if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment

@@ -27,8 +27,9 @@ from jaxtyping import Int
 from hackable_diffusion import builders
 from hackable_diffusion.data.tokenizers import BOS_ID, EOS_ID, MASK_ID, PAD_ID
 from hackable_diffusion.models.attention import init_cache
-from hackable_diffusion.sampling import generate as gen_lib
-from hackable_diffusion.sampling.canvas import denoise_canvas, row_key_data
+from hackable_diffusion.sampling import autoregressive as ar_lib
+from hackable_diffusion.sampling.canvas import denoise_canvas
+from hackable_diffusion.sampling.keys import row_key_data
 from hackable_diffusion.tasks.countdown.layouts import layout_of
 
 if TYPE_CHECKING:
@@ -103,11 +104,11 @@ def solve_problems_timed(
 def _batch_solver(exp, params, config, b: int, prompt_len: int, completion_len: int):
     """`solve(prompts (b, P), keys (b,), real rows) -> (completions (b, C), forward passes (b,))` for the layout."""
     if layout_of(config) == "ar":
-        sampling = gen_lib.ARSampling(temperature=float(config.sampler.ar_temperature))
+        sampling = ar_lib.ARSampling(temperature=float(config.sampler.ar_temperature))
 
         def solve_ar(prompts, keys, real):
             del real
-            out = gen_lib.generate_ar(
+            out = ar_lib.generate_ar(
                 exp.model,
                 params,
                 jnp.asarray(prompts),

@@ -9,27 +9,28 @@ diffusion in place, or the autoregressive baseline on the same backbone. Problem
 knobs (`problems.py`), and answers are checked exactly with rationals (`expressions.py`), where TinyZero's reward
 evaluates them in floating point.
 
-Scores: the exact-answer rate overall and by the number of given numbers, problems per second, forward passes per
-problem, and the held-out loss. For reinforcement learning from the verifier the task adds `rl_prompts`, `rollout`,
-`reward` and `policy_rows`.
+Scores (`held_out.py`, which `evaluation.py` shares): the exact-answer rate overall and by the number of given numbers,
+problems per second, forward passes per problem, and the held-out loss. For reinforcement learning from the verifier
+the task has the capabilities `RewardTask` (`rl_prompts`, `rollout`, `reward`, `policy_rows`) and
+`CutsCompletionsAtEos` (`rl.stop_at_eos`) of `tasks/capabilities.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, ClassVar
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jaxtyping import Bool, Float, Int
 
 from hackable_diffusion.data.tokenizers import EOS_ID
 from hackable_diffusion.tasks.countdown import data as data_lib
-from hackable_diffusion.tasks.countdown import layouts, scoring
-from hackable_diffusion.tasks.countdown.inference import solve_problems, solve_problems_timed
-from hackable_diffusion.tasks.countdown.problems import CountdownProblems
+from hackable_diffusion.tasks.countdown import evaluation, layouts, scoring
+from hackable_diffusion.tasks.countdown.held_out import evaluate_problems, held_out_loss, held_out_scores
+from hackable_diffusion.tasks.countdown.inference import solve_problems
+from hackable_diffusion.tasks.countdown.recipes import countdown_config
 
 if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class CountdownTask:
     name: str = "countdown"
+    completion_end_id: ClassVar[int] = EOS_ID  # `CutsCompletionsAtEos`: a completion ends at its first EOS
 
     def check_config(self, config: ml_collections.ConfigDict) -> None:
         layouts.check_layout(config)
@@ -89,22 +91,15 @@ class CountdownTask:
         )
 
     def default_config(self) -> ml_collections.ConfigDict:
-        from hackable_diffusion.tasks.countdown.recipes import countdown_config
-
         return countdown_config()
 
     def define_evaluation_flags(self, flag_values) -> None:
-        from hackable_diffusion.tasks.countdown import evaluation
-
         evaluation.define_flags(flag_values)
 
     def evaluation_from_flags(self, flag_values):
-        from hackable_diffusion.tasks.countdown import evaluation
-
         return evaluation.from_flags(flag_values)
 
-    # -- reinforcement learning from the verifier ---------------------------------------------------------------
-
+    # -- reinforcement learning from the verifier: `RewardTask`, `CutsCompletionsAtEos` (tasks/capabilities.py) -----
     def rl_prompts(self, exp: Experiment) -> Int[np.ndarray, "n p"]:
         """The training problems' prompts as int32 token rows."""
         return data_lib.prompt_rows(exp.data.train_problems, int(exp.config.data.prompt_len))
@@ -161,66 +156,3 @@ def policy_rows(
         drawn = (np.cumsum(is_eos, axis=1) - is_eos) == 0  # nothing before it is an EOS: up to the first, included
     completion[:, prompt_len:] = drawn
     return {"tokens": np.concatenate([prompts, completions], axis=1), "completion": completion}
-
-
-def held_out_scores(exp: Experiment, params, num_problems: int) -> dict[str, float]:
-    """The exact-answer rate (overall and by label) on the first `num_problems` of the run's held-out set."""
-    problems = exp.data.eval_problems.subset(np.arange(min(num_problems, len(exp.data.eval_problems))))
-    out = evaluate_problems(exp, params, problems, seed=exp.config.seed, batch_size=exp.config.eval.batch_size)
-    keys = [k for k in out if k.startswith(("accuracy", "count"))] + ["forward_passes_per_problem"]
-    return {f"countdown_{k}": out[k] for k in keys}
-
-
-def evaluate_problems(
-    exp: Experiment,
-    params,
-    problems: CountdownProblems,
-    *,
-    seed: int = 0,
-    batch_size: int = 256,
-    config: ml_collections.ConfigDict | None = None,
-    num_examples: int = 3,
-) -> dict[str, Any]:
-    """Exact-answer rate overall and by label, forward passes per problem, problems per second (after one compile
-    batch), and the first `num_examples` problems with their answers; `config` (default: the run's) holds the
-    sampler settings."""
-    config = config or exp.config
-    prompts = data_lib.prompt_rows(problems, int(config.data.prompt_len))
-    solution = solve_problems_timed(exp, params, prompts, seed=seed, batch_size=batch_size, config=config, warm_up=True)
-    correct = scoring.row_rewards(prompts, solution.completions) > 0
-    out: dict[str, Any] = scoring.accuracy_by_label(correct, problems.labels)
-    out["forward_passes_per_problem"] = float(solution.forward_passes.mean())
-    out["problems_per_second"] = float(len(problems) / max(solution.seconds, 1e-9))
-    out["solve_seconds"] = solution.seconds
-    vocab = exp.tokenizer
-    out["examples"] = [
-        {
-            "prompt": vocab.decode(prompts[i]),
-            "answer": vocab.decode(solution.completions[i]),
-            "reference": str(problems.solutions[i]),
-            "correct": bool(correct[i]),
-        }
-        for i in range(min(num_examples, len(problems)))
-    ]
-    return out
-
-
-def held_out_loss(
-    exp: Experiment, params, *, num_batches: int | None = None, seed: int = 0, batch_size: int | None = None
-) -> dict[str, float]:
-    """The training loss and its likelihood metric on the held-out rows (masking: the ELBO in bits per completion
-    token, PAD tail included; AR: the NLL in bits per answer token with its EOS), averaged over batches."""
-    batch_size = min(batch_size or exp.config.eval.batch_size, len(exp.data.eval_problems))
-    d = exp.config.data
-    tokens, fixed = data_lib.training_rows(exp.data.eval_problems, int(d.prompt_len), int(d.completion_len))
-    metric = exp.objective.loss.likelihood_metric
-    fn = jax.jit(exp.objective)
-    starts = list(range(0, len(tokens) - batch_size + 1, batch_size))
-    losses, bits = [], []
-    for i, start in enumerate(starts[:num_batches] if num_batches else starts):
-        rows = slice(start, start + batch_size)
-        batch = {"tokens": jnp.asarray(tokens[rows]), "fixed": jnp.asarray(fixed[rows])}
-        loss, metrics = fn(params, batch, jax.random.key(seed * 100003 + i))
-        losses.append(float(loss))
-        bits.append(float(metrics[metric]))
-    return {"held_out_loss": float(np.mean(losses)), f"held_out_{metric}": float(np.mean(bits))}

@@ -91,7 +91,7 @@ def build_data(config: ml_collections.ConfigDict) -> SudokuData:
 def with_hard_puzzles(train: dict[str, np.ndarray], dc: ml_collections.ConfigDict, cache_dir) -> dict[str, np.ndarray]:
     """The training puzzles plus `data.hard_count` generated hard ones (`hard_puzzles.generate_hard_dataset`, cached),
     those above `data.hard_max_guesses` guesses dropped when it is set."""
-    from hackable_diffusion.tasks.sudoku import hard_puzzles
+    from hackable_diffusion.tasks.sudoku import hard_puzzles  # numba (its fast solver) loads for data.hard_count only
 
     spec = hard_puzzles.HardSpec(
         givens=(int(dc.hard_givens_min), int(dc.hard_givens_max)),

@@ -18,7 +18,7 @@ from absl import flags
 
 from hackable_diffusion.recipes import sampler_report
 from hackable_diffusion.tasks.sudoku.data import GeneratedPuzzles, PuzzleFile, load_held_out
-from hackable_diffusion.tasks.sudoku.task import evaluate_puzzles
+from hackable_diffusion.tasks.sudoku.held_out import evaluate_puzzles
 
 if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment

@@ -96,3 +96,24 @@ def respects_givens(grid: Int[np.ndarray, "*b 81"], puzzle: Int[np.ndarray, "*b 
     g = _as_grids(grid, "grid")
     p = _as_grids(puzzle, "puzzle")
     return np.all((p == 0) | (g == p), axis=-1)
+
+
+# -- grids as text: the puzzles and answers of lm-eval's `hd_sudoku_solve` task ------------------------------------
+
+TEXT_BLANK = "."  # a blank cell in a grid's text
+
+
+def grid_to_text(grid: Int[np.ndarray, " 81"]) -> str:
+    """81 cells (0 = blank) -> 81 characters, digits and `.` for blanks."""
+    return "".join(TEXT_BLANK if int(v) == 0 else str(int(v)) for v in grid)
+
+
+def text_to_grid(text: str) -> Int[np.ndarray, " 81"]:
+    """The last 81 cell characters (digits, `.` or `0` for blanks) of `text` -> an (81,) int8 grid (0 = blank); any
+    other characters (a label, spaces, newlines) are ignored. A ValueError when there are fewer than 81."""
+    cells = [c for c in text if c.isdigit() or c == TEXT_BLANK]
+    if len(cells) < NUM_CELLS:
+        raise ValueError(
+            f"a Sudoku puzzle needs 81 cells (digits, '.' or '0' for blanks); got {len(cells)} in {text!r}."
+        )
+    return np.array([0 if c == TEXT_BLANK else int(c) for c in cells[-NUM_CELLS:]], dtype=np.int8)

@@ -44,8 +44,11 @@ from jaxtyping import Int
 
 from hackable_diffusion import builders
 from hackable_diffusion.models.attention import init_cache
+from hackable_diffusion.sampling import autoregressive as ar_lib
 from hackable_diffusion.sampling import generate as gen_lib
-from hackable_diffusion.sampling.canvas import DiffusionSampler, commit_passes, denoise_canvas, row_key_data
+from hackable_diffusion.sampling.canvas import commit_passes, denoise_canvas
+from hackable_diffusion.sampling.keys import row_key_data
+from hackable_diffusion.sampling.sampler import DiffusionSampler
 from hackable_diffusion.tasks.sudoku import search as search_lib
 from hackable_diffusion.tasks.sudoku.grids import conflicting_cells
 from hackable_diffusion.tasks.sudoku.layouts import layout_of
@@ -96,12 +99,11 @@ class SolverSettings:
                 f"pass_budget={self.pass_budget} must be >= 0."
             )
         if self.search:
-            from hackable_diffusion.tasks.sudoku.search import BRANCH_RULES, SCORES
-
-            if self.search_branch not in BRANCH_RULES or self.search_scores not in SCORES:
+            branch_rules, scores = search_lib.BRANCH_RULES, search_lib.SCORES
+            if self.search_branch not in branch_rules or self.search_scores not in scores:
                 raise ValueError(
-                    f"config.solver.search_branch={self.search_branch!r} must be one of {BRANCH_RULES} and "
-                    f"search_scores={self.search_scores!r} one of {SCORES}."
+                    f"config.solver.search_branch={self.search_branch!r} must be one of {branch_rules} and "
+                    f"search_scores={self.search_scores!r} one of {scores}."
                 )
             if not 0.0 < self.search_sure_margin <= 1.0:
                 raise ValueError(f"config.solver.search_sure_margin={self.search_sure_margin} must lie in (0, 1].")
@@ -285,7 +287,7 @@ def _solve(
 
     def make_decoder(cfg):
         if layout == "ar":
-            return gen_lib.ARSampling(temperature=float(cfg.sampler.ar_temperature))
+            return ar_lib.ARSampling(temperature=float(cfg.sampler.ar_temperature))
         return puzzle_sampler(cfg, exp.process, settings)
 
     first_decoder = make_decoder(config)
@@ -303,7 +305,7 @@ def _solve(
         tokens = jnp.asarray(vocab.encode(padded))  # givens as digits, blanks as MASK: the prompt, too
         active = jnp.asarray(np.arange(b) < real)
         if layout == "ar":  # prefill the puzzle, then 81 cached decode steps
-            out = gen_lib.generate_ar(
+            out = ar_lib.generate_ar(
                 exp.model,
                 params,
                 tokens,

@@ -15,13 +15,12 @@ import ml_collections
 
 from hackable_diffusion import recipes
 from hackable_diffusion.models import presets
+from hackable_diffusion.tasks.sudoku.inference import SolverSettings
 from hackable_diffusion.tasks.sudoku.structure import grid_prior
 
 
 def solver_section(**overrides: Any) -> ml_collections.ConfigDict:
     """`config.solver` with `inference.SolverSettings`' defaults (the model alone), updated with `overrides`."""
-    from hackable_diffusion.tasks.sudoku.inference import SolverSettings
-
     section = dataclasses.asdict(SolverSettings())
     unknown = sorted(set(overrides) - set(section))
     if unknown:

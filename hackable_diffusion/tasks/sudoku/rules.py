@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool
 
 from hackable_diffusion.sampling.constraints import LogitConstraint
@@ -20,13 +21,14 @@ from hackable_diffusion.tasks.sudoku.structure import grid_units
 from hackable_diffusion.tasks.sudoku.vocab import FIRST_DIGIT_ID
 
 
-def same_unit_matrix(side: int = 9) -> Bool[Array, "n n"]:
-    """(side^2, side^2) bool: cells i != j that share a row, a column or a box."""
+def same_unit_matrix(side: int = 9) -> Bool[np.ndarray, "n n"]:
+    """(side^2, side^2) bool: cells i != j that share a row, a column or a box (NumPy: a constant that modules build
+    at import, which must not start jax's backend)."""
     if round(side**0.5) ** 2 != side:
         raise ValueError(f"a Sudoku side must be a square number (4, 9, 16, ...), got {side}.")
-    row, col, box = grid_units(jnp.arange(side * side), side)
+    row, col, box = grid_units(np.arange(side * side), side)
     same = (row[:, None] == row[None]) | (col[:, None] == col[None]) | (box[:, None] == box[None])
-    return same & ~jnp.eye(side * side, dtype=bool)
+    return same & ~np.eye(side * side, dtype=bool)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,9 +17,10 @@ from hackable_diffusion.models.structure import register_structure
 
 
 def grid_units(positions: Int[Array, "*b"], side: int) -> tuple[Int[Array, "*b"], Int[Array, "*b"], Int[Array, "*b"]]:
-    """Row, column and box (0..side-1) of each position's cell on a side x side grid (cell = position mod side^2)."""
+    """Row, column and box (0..side-1) of each position's cell on a side x side grid (cell = position mod side^2);
+    NumPy in, NumPy out."""
     box = round(side**0.5)
-    cell = jnp.mod(positions, side * side)
+    cell = positions % (side * side)
     row, col = cell // side, cell % side
     return row, col, (row // box) * box + col // box
 

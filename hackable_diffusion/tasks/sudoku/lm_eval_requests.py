@@ -1,6 +1,8 @@
-"""lm-eval generation requests answered by a Sudoku run: the context is a puzzle (81 cells as text, `.` = blank),
-the answer the 81 digits that `tasks.sudoku.inference.solve_puzzles` fills in with the run's sampler and `config.solver`
-settings (rules, repairs, restarts, parallel attempts), exactly as `evaluate` solves them.
+"""lm-eval generation requests answered by a Sudoku run (the task's `ScoresLmEvalPuzzles` capability): the context is a
+puzzle (81 cells as text, `.` = blank), the answer the 81 digits that `inference.solve_puzzles` fills in with the run's
+sampler and `config.solver` settings (rules, repairs, restarts, parallel attempts), exactly as `evaluate` solves them.
+The puzzle documents and the answer check of the `hd_sudoku_solve` task are `evals.local_tasks`'; the grids' text is
+`grids.grid_to_text` / `text_to_grid`.
 
 lm-eval has no place for a per-request cost, so the forward passes of every answered puzzle are kept here and reported
 through the adapter's model info (mean and max per puzzle, network evaluations per puzzle).
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hackable_diffusion.evals.local_tasks import grid_to_text, text_to_grid
+from hackable_diffusion.tasks.sudoku.grids import grid_to_text, text_to_grid
 from hackable_diffusion.tasks.sudoku.inference import SolverSettings, solve_puzzles
 
 if TYPE_CHECKING:

@@ -6,6 +6,7 @@ every bold figure of the README's headline table is a figure that the results pa
 committed JSON / JSON lines file of that row's results folder, and the README's Measured table is the rendering of
 results/measured.jsonl (experiments/readme_tables.py)."""
 
+import functools
 import json
 import os
 import pathlib
@@ -425,12 +426,24 @@ def module_name_problem(name: str, root: pathlib.Path = REPO) -> str | None:
     return None if defined else f"{name}: {source.relative_to(root)} defines no {attribute}"
 
 
+@functools.lru_cache(maxsize=4)
+def repository_files(root: pathlib.Path) -> tuple[str, ...]:
+    """Every file and folder under `root` (relative, POSIX), without descending into .git, .venv, runs or caches."""
+    skipped = {".git", ".venv", "runs", "__pycache__", ".pytest_cache"}
+    found = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in skipped]
+        here = pathlib.Path(folder).relative_to(root)
+        found += [(here / name).as_posix() for name in [*subfolders, *names]]
+    return tuple(found)
+
+
 def prose_reference_problems(path: pathlib.Path, root: pathlib.Path = REPO, written: set[str] | None = None) -> list[str]:
     """File paths and dotted module names in the inline code of a markdown file that name nothing in the repository
     (placeholders such as `WORKDIR/x.json`, `{a,b}` patterns and `*` globs are skipped; a bare file name may live
     anywhere in the repository or be one the toolbox writes at run time)."""
     written = written_file_names(root) if written is None else written
-    files = [p.relative_to(root).as_posix() for p in root.rglob("*") if not {".git", ".venv", "runs"} & set(p.parts)]
+    files = repository_files(root)
     problems = []
     for span in re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", path.read_text(), flags=re.S)):
         if re.search(r"[{}*$<>]", span):

@@ -17,8 +17,8 @@ Sub-packages:
   serve/      the OpenAI-compatible server.
   aot/        ahead-of-time compilation of full-size shapes on abstract devices.
 Beside them: builders.py (config -> objects), experiment.py (a run's objects), run_config.py (a run's saved config),
-recipes.py (config builders), cli.py (flag parsing), and the commands train, sample, evaluate, sft, convert,
-quantize.
+recipes.py (config builders), cli.py (flag parsing), finetune.py (the one fine-tuning runner of sft, rl and distill),
+and the commands train, sample, evaluate, sft, convert, quantize.
 """
 
 __version__ = "0.1.0"

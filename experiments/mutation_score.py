@@ -53,6 +53,7 @@ EQUIVALENTS_FILE = REPO / "experiments" / "mutation_equivalents.json"
 # Module (path under hackable_diffusion/) -> the test files that test it. Small on purpose: one mutant's run is seconds.
 MODULE_TESTS = {
     "diffusion/elbos.py": ["tests/diffusion/test_elbos.py"],
+    "diffusion/schedules.py": ["tests/diffusion/test_schedules.py", "tests/diffusion/test_schedule_config.py"],
     "distill/reverse_kl.py": ["tests/distill/test_reverse_kl.py"],
     "sampling/selection.py": ["tests/sampling/test_selection.py"],
     "sampling/selection_base.py": ["tests/sampling/test_selection.py"],

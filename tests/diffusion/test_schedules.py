@@ -187,3 +187,17 @@ def test_antithetic_sampler_puts_exactly_one_sample_per_stratum(batch_size):
         t = np.asarray(sampler(jax.random.key(seed), batch_size), np.float64)
         strata = np.floor((t - t_min) / ((t_max - t_min) / batch_size)).astype(int)
         np.testing.assert_array_equal(np.sort(strata), np.arange(batch_size))
+
+
+def test_schedule_and_time_sampler_defaults_are_their_papers():
+    """MD4's poly2 as the polynomial default, SEDD's geometric noise range (1e-4, 20), MDLM's log-linear eps 1e-3,
+    BD3-LM's clipped mask-rate range [0.3, 0.8]."""
+    assert S.PolynomialSchedule().power == 2.0
+    assert (S.GeometricSchedule().sigma_min, S.GeometricSchedule().sigma_max) == (1e-4, 20.0)
+    assert S.LogLinearSchedule().eps == 1e-3
+    assert (S.ClippedUniformTimeSampler().beta, S.ClippedUniformTimeSampler().omega) == (0.3, 0.8)
+
+
+def test_a_geometric_schedule_with_equal_noise_ends_is_refused():
+    with pytest.raises(ValueError, match="sigma_min < sigma_max"):
+        S.GeometricSchedule(sigma_min=1.0, sigma_max=1.0)

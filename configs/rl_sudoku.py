@@ -44,7 +44,7 @@ def get_config(objective: str = "diffu_grpo"):
         c.solver.search, c.solver.search_paced = True, True
         c.solver.pass_budget, c.solver.parallel_attempts = 12, 4
         c.rl.prompts_per_rollout, c.rl.group_size, c.rl.inner_updates = 64, 1, 4
-        c.rl.prompt_mask_prob, c.rl.elbo_draws = 0.0, 1
+        c.rl.prompt_mask_prob, c.rl.expert_iteration.draws = 0.0, 1
         c.optimizer.peak_lr = c.optimizer.end_lr = 1e-4
         c.train.num_steps = 200
         c.train.eval_every = 0

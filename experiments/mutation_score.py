@@ -50,6 +50,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = "hackable_diffusion"
 EQUIVALENTS_FILE = REPO / "experiments" / "mutation_equivalents.json"
 
+RL_OBJECTIVE_TESTS = [
+    "tests/rl/test_rl_reference.py",
+    "tests/rl/test_rl_objective_registry.py",
+    "tests/rl/test_rl_objectives.py",
+]
 # Module (path under hackable_diffusion/) -> the test files that test it. Small on purpose: one mutant's run is seconds.
 MODULE_TESTS = {
     "diffusion/elbos.py": ["tests/diffusion/test_elbos.py"],
@@ -60,7 +65,13 @@ MODULE_TESTS = {
     "sampling/scores.py": ["tests/sampling/test_selection.py"],
     "sampling/counts.py": ["tests/sampling/test_selection.py"],
     "sampling/remasking.py": ["tests/sampling/test_selection.py"],
-    "rl/objectives.py": ["tests/rl/test_rl_reference.py", "tests/rl/test_rl_objectives.py"],
+    "rl/objectives/base.py": RL_OBJECTIVE_TESTS,
+    "rl/objectives/clipped.py": RL_OBJECTIVE_TESTS,
+    "rl/objectives/diffu_grpo.py": RL_OBJECTIVE_TESTS,
+    "rl/objectives/ar_grpo.py": RL_OBJECTIVE_TESTS,
+    "rl/objectives/wd1.py": RL_OBJECTIVE_TESTS,
+    "rl/objectives/elbo.py": RL_OBJECTIVE_TESTS,
+    "rl/objectives/expert_iteration.py": RL_OBJECTIVE_TESTS,
     "rl/advantages.py": [
         "tests/rl/test_rl_advantages.py",
         "tests/rl/test_rl_dynamic_sampling.py",

@@ -150,8 +150,9 @@ def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
     """Brings a config saved by an older version of the toolbox to the current keys (in place): the task moves its
     own keys first (`tasks.Task.upgrade_saved_config`), then the sampler section is restructured
     (`recipes.upgrade_saved_sampler`), a schedule saved as a name with `diffusion.schedule_eps` becomes the schedule
-    section (`recipes.upgrade_saved_diffusion`), `init.use_ema` becomes `init.weights`; model fields a run saved
-    before they were spelled out take their defaults."""
+    section (`recipes.upgrade_saved_diffusion`), the RL objectives' flat keys become their sections
+    (`upgrade_saved_rl`), `init.use_ema` becomes `init.weights`; model fields a run saved before they were spelled out
+    take their defaults."""
     from hackable_diffusion import recipes
     from hackable_diffusion.tasks import get_task
 
@@ -161,6 +162,8 @@ def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
         recipes.upgrade_saved_sampler(config)
     if "diffusion" in config:
         recipes.upgrade_saved_diffusion(config)
+    if "rl" in config:
+        upgrade_saved_rl(config)
     if "init" in config and "use_ema" in config.init:  # the EMA choice is spelt `weights` ("ema" | "raw") everywhere
         init = config.init.to_dict()
         init["weights"] = "ema" if init.pop("use_ema") else "raw"
@@ -181,3 +184,25 @@ def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
         for field in dataclasses.fields(TransformerConfig):
             if field.name not in config.model and field.default not in (dataclasses.MISSING, None):
                 config.model[field.name] = field.default
+
+
+SAVED_RL_KEYS = {  # a flat config.rl key of an older run -> the objective sections (and key) that now hold it
+    "clip_eps": (("diffu_grpo", "ar_grpo"), "clip_eps"),
+    "wd1_psi": (("wd1",), "psi"),
+    "wd1_negative_weight": (("wd1",), "negative_weight"),
+    "wd1_zero_tied_groups": (("wd1",), "zero_tied_groups"),
+    "elbo_draws": (("elbo", "expert_iteration"), "draws"),  # the two objectives shared the key
+}
+
+
+def upgrade_saved_rl(config: ml_collections.ConfigDict) -> None:
+    """Moves the flat `config.rl` keys of a run saved before each RL objective had its section into those sections
+    (in place; the value is kept, so the run's objective reads what it trained with)."""
+    rl = config.rl.to_dict()
+    for key, (sections, field) in SAVED_RL_KEYS.items():
+        if key in rl:
+            value = rl.pop(key)
+            for section in sections:
+                rl.setdefault(section, {})[field] = value
+    with config.unlocked():
+        config.rl = ml_collections.ConfigDict(rl)

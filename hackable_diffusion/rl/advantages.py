@@ -5,7 +5,7 @@ G completions of one prompt form a group; a completion's advantage is its reward
 by the group's population standard deviation (`scale="std"`: GRPO as Shao et al. 2024 write it; TRL divides by the
 sample standard deviation). A group whose rewards all tie carries no signal (every advantage is 0, and with `std` a
 0/0): its advantages are 0 and it is marked invalid (`valid`), which the `groups_used` metric, wd1's
-`rl.wd1_zero_tied_groups` and the `rl.skip_uninformative_steps` option read (its rows stay in the normalisation of
+`rl.wd1.zero_tied_groups` and the `rl.skip_uninformative_steps` option read (its rows stay in the normalisation of
 the d1, GRPO and wd1 losses, with A = 0; the ELBO policy gradient averages over valid rows).
 `select_informative_groups` picks a rollout batch's groups out of several draws (dynamic sampling, DAPO: Yu et al.
 2025), informative (not tied) groups first.

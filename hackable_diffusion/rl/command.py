@@ -1,4 +1,4 @@
-"""RL from verifiable rewards on any toolbox run: diffu-GRPO, wd1, an ELBO policy gradient, AR GRPO.
+"""RL from verifiable rewards on any toolbox run with any registered objective (`objectives.OBJECTIVES`).
 
   python -m hackable_diffusion.rl --config configs/rl_sudoku.py --workdir runs/rl_sudoku
 
@@ -28,29 +28,59 @@ from hackable_diffusion.tasks import get_task
 from hackable_diffusion.tasks.capabilities import CutsCompletionsAtEos, RecordsCommitOrder, RewardTask, require
 from hackable_diffusion.training import sharding
 
-OBJECTIVES = ("diffu_grpo", "wd1", "elbo", "ar_grpo", "expert_iteration")
 RL_KEYS = (
     "objective", "prompts_per_rollout", "group_size", "inner_updates", "prompt_mask_prob", "advantage_scale",
-    "clip_eps", "kl_beta", "wd1_psi", "wd1_negative_weight", "elbo_draws", "shaped_reward", "temperature",
-    "dynamic_sampling", "scorer", "trajectory_passes_per_forward", "loss_normalization", "skip_uninformative_steps",
-    "stop_at_eos", "wd1_zero_tied_groups",
-)  # fmt: skip
+    "kl_beta", "shaped_reward", "temperature", "dynamic_sampling", "scorer", "trajectory_passes_per_forward",
+    "loss_normalization", "skip_uninformative_steps", "stop_at_eos",
+)  # fmt: skip  (the keys every objective shares; each objective's own are its section config.rl.<name>)
+MOVED_KEYS = {  # flat keys of configs written before each objective had its section -> where they are now
+    "clip_eps": "diffu_grpo.clip_eps / ar_grpo.clip_eps", "wd1_psi": "wd1.psi",
+    "wd1_negative_weight": "wd1.negative_weight", "wd1_zero_tied_groups": "wd1.zero_tied_groups",
+    "elbo_draws": "elbo.draws / expert_iteration.draws",
+}  # fmt: skip
 SCORERS = ("mean_field", "trajectory")
+
+
+def objective_section(rl: ml_collections.ConfigDict, cls) -> dict:
+    """The objective's section: its defaults (`cls.settings()`) with what `config.rl.<name>` sets; ValueError for a
+    key it does not have."""
+    given = rl.get(cls.name, {})
+    given = given.to_dict() if isinstance(given, ml_collections.ConfigDict) else dict(given)
+    unknown = sorted(set(given) - set(cls.settings()))
+    if unknown:
+        raise ValueError(
+            f"unknown config.rl.{cls.name} keys {unknown}; valid keys: {sorted(cls.settings())} "
+            f"(the fields of {cls.__module__}.{cls.__name__})."
+        )
+    return {**cls.settings(), **given}
 
 
 def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool | None = None) -> None:
     """Every `config.rl` check that needs no data (`autoregressive=None`: before the run's layout is known, the checks
-    that do not depend on it); raises ValueError naming the key."""
+    that do not depend on it); raises ValueError naming the key. What each objective accepts is declared on its class
+    (`objectives.base.PolicyObjective`): no objective is named here."""
     rl = config.rl
-    unknown = sorted(set(rl.keys()) - set(RL_KEYS))
-    if unknown:
-        raise ValueError(f"unknown config.rl keys {unknown}; valid keys: {sorted(RL_KEYS)}.")
-    if rl.objective not in OBJECTIVES:
-        raise ValueError(f"config.rl.objective={rl.objective!r} must be one of {OBJECTIVES}.")
-    if float(rl.kl_beta) < 0 or float(rl.clip_eps) <= 0 or float(rl.temperature) <= 0:
+    moved = sorted(set(rl.keys()) & set(MOVED_KEYS))
+    if moved:
         raise ValueError(
-            f"config.rl.kl_beta={rl.kl_beta} must be >= 0, clip_eps={rl.clip_eps} > 0 and temperature="
-            f"{rl.temperature} > 0 (rollouts need randomness)."
+            f"config.rl keys {moved} are now in each objective's section: "
+            + ", ".join(f"rl.{key} -> rl.{MOVED_KEYS[key]}" for key in moved)
+            + "."
+        )
+    unknown = sorted(set(rl.keys()) - set(RL_KEYS) - set(rl_objectives.OBJECTIVES))
+    if unknown:
+        raise ValueError(
+            f"unknown config.rl keys {unknown}; valid keys: {sorted(RL_KEYS)} and the objectives' sections "
+            f"{sorted(rl_objectives.OBJECTIVES)}."
+        )
+    cls = rl_objectives.objective_class(rl.objective)
+    for other in rl_objectives.OBJECTIVES.values():
+        objective_section(rl, other)
+    cls.check_settings(objective_section(rl, cls))
+    if float(rl.kl_beta) < 0 or float(rl.temperature) <= 0:
+        raise ValueError(
+            f"config.rl.kl_beta={rl.kl_beta} must be >= 0 and temperature={rl.temperature} > 0 (rollouts need "
+            "randomness)."
         )
     extra = rl.get("dynamic_sampling", 0)
     if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
@@ -74,9 +104,8 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
             "weighs whole groups, which strided micro-batches would split; set it to 1 (lower rl.prompts_per_rollout "
             "or rl.group_size to fit memory)."
         )
-    for key in ("stop_at_eos", "wd1_zero_tied_groups"):
-        if not isinstance(rl.get(key, False), bool):
-            raise ValueError(f"config.rl.{key}={rl.get(key)!r} must be True or False.")
+    if not isinstance(rl.get("stop_at_eos", False), bool):
+        raise ValueError(f"config.rl.stop_at_eos={rl.get('stop_at_eos')!r} must be True or False.")
     if rl.get("stop_at_eos", False):
         require(
             get_task(config.get("data", {}).get("task", "text")),
@@ -86,21 +115,21 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
         )
     settings = rollout_settings(config)
     check_paper_options(config)
-    if rl.objective == "expert_iteration":
-        if float(rl.kl_beta):
-            raise ValueError(
-                f"config.rl.kl_beta={rl.kl_beta}: expert iteration imitates the accepted rollouts (a search's, not "
-                "the policy's samples), so it has no KL estimate; set config.rl.kl_beta=0."
-            )
-        if extra:
-            raise ValueError(
-                "config.rl.dynamic_sampling draws again for groups whose rewards tie; expert iteration uses no groups: "
-                "set it to 0."
-            )
-    elif settings.group_size < 2:
+    if not cls.has_kl and float(rl.kl_beta):
+        raise ValueError(
+            f"config.rl.kl_beta={rl.kl_beta}: {rl.objective} imitates completions that are not the policy's samples "
+            "(a search's), so the k3 estimate would not estimate the KL; set config.rl.kl_beta=0."
+        )
+    if not cls.grouped and extra:
+        raise ValueError(
+            f"config.rl.dynamic_sampling draws again for groups whose rewards tie; {rl.objective} uses no groups: "
+            "set it to 0."
+        )
+    if cls.grouped and settings.group_size < 2:
+        ungrouped = [name for name, c in rl_objectives.OBJECTIVES.items() if not c.grouped]
         raise ValueError(
             f"config.rl.group_size={settings.group_size}: {rl.objective} compares the completions of one prompt, so "
-            "it needs group_size >= 2 (a group of one is for objective='expert_iteration')."
+            f"it needs group_size >= 2 (a group of one is for {ungrouped})."
         )
     if autoregressive is None:
         return
@@ -109,19 +138,19 @@ def check_rl_config(config: ml_collections.ConfigDict, *, autoregressive: bool |
             f"config.rl.scorer={scorer!r} scores a diffusion sampler's passes; an autoregressive run's log-probs are "
             "exact already: leave config.rl.scorer='mean_field'."
         )
-    if scorer == "trajectory" and rl.objective in ("elbo", "expert_iteration"):
+    if scorer == "trajectory" and not cls.trajectory_scorer:
+        takes = [name for name, c in rl_objectives.OBJECTIVES.items() if c.trajectory_scorer]
         raise ValueError(
-            f"config.rl.scorer='trajectory' is for diffu_grpo and wd1; objective={rl.objective!r} scores with "
-            "the ELBO or the run's own loss."
+            f"config.rl.scorer='trajectory' is for {takes}; objective={rl.objective!r} scores its own way (its file "
+            f"{cls.__module__})."
         )
-    if autoregressive and rl.objective in ("diffu_grpo", "elbo"):
+    kind = "autoregressive" if autoregressive else "diffusion"
+    if kind not in cls.run_kinds:
+        fits = [name for name, c in rl_objectives.OBJECTIVES.items() if kind in c.run_kinds]
+        runs = " or ".join(("an " if k[0] in "aeiou" else "a ") + f"{k} run" for k in cls.run_kinds)
         raise ValueError(
-            f"config.rl.objective={rl.objective!r} needs a diffusion run; this run is autoregressive: use 'ar_grpo' "
-            "or 'wd1' (with exact AR log-probs)."
-        )
-    if not autoregressive and rl.objective == "ar_grpo":
-        raise ValueError(
-            "config.rl.objective='ar_grpo' needs an autoregressive run; use 'diffu_grpo', 'wd1' or 'elbo'."
+            f"config.rl.objective={rl.objective!r} needs {runs}; this run "
+            f"is {kind}: use one of {fits}."
         )
     if autoregressive and settings.prompt_mask_prob:
         raise ValueError("config.rl.prompt_mask_prob masks the prompt of a diffusion run; set it to 0 for an AR run.")
@@ -131,9 +160,9 @@ def check_paper_options(config: ml_collections.ConfigDict) -> None:
     """The `config.rl` options that choose between a paper's definition and a variant (docs/rl.md)."""
     rl = config.rl
     norm = rl.get("loss_normalization", "paper")
-    kinds = {"diffu_grpo": "clipped", "ar_grpo": "clipped", "wd1": "wd1"}
-    if rl.objective in kinds:
-        rl_objectives.resolve_normalization(kinds[rl.objective], norm)
+    cls = rl_objectives.objective_class(rl.objective)
+    if cls.normalization_kind is not None:
+        rl_objectives.resolve_normalization(cls.normalization_kind, norm)
     elif norm != "paper":
         raise ValueError(
             f"config.rl.loss_normalization={norm!r}: objective={rl.objective!r} has one normalisation; "
@@ -156,13 +185,13 @@ def check_unshifted_start(config: ml_collections.ConfigDict) -> None:
         )
 
 
-def with_update_gate(loss_fn: Any, *, expert_iteration: bool = False) -> Any:
-    """`loss_fn` reporting `train_state.APPLY_UPDATE` = 1 when the batch holds an informative group (expert
-    iteration, whose groups of one always tie: an accepted completion), else 0 (`rl.skip_uninformative_steps`: the
-    train step then leaves the weights, optimizer state and EMA untouched)."""
+def with_update_gate(loss_fn: Any, *, grouped: bool = True) -> Any:
+    """`loss_fn` reporting `train_state.APPLY_UPDATE` = 1 when the batch holds an informative group (an objective
+    that is not `grouped`, e.g. expert iteration, whose groups of one always tie: an accepted completion), else 0
+    (`rl.skip_uninformative_steps`: the train step then leaves the weights, optimizer state and EMA untouched)."""
     from hackable_diffusion.training.train_state import APPLY_UPDATE
 
-    useful = "solved" if expert_iteration else "valid"  # the rows the objective learns from
+    useful = "valid" if grouped else "solved"  # the rows the objective learns from
 
     def loss(params, batch, key):
         value, metrics = loss_fn(params, batch, key)
@@ -254,30 +283,15 @@ def build_objective(config: ml_collections.ConfigDict, exp) -> Any:
             )
         else:
             scorer = MeanFieldScorer(exp.model, exp.process.mask_id, null_signal=null)
-    beta, clip = float(rl.kl_beta), float(rl.clip_eps)
-    norm = str(rl.get("loss_normalization", "paper"))  # absent from configs saved before it existed
-    if rl.objective == "diffu_grpo":
-        return rl_objectives.DiffuGRPO(scorer, clip_eps=clip, kl_beta=beta, normalization=norm)
-    if rl.objective == "ar_grpo":
-        return rl_objectives.ArGRPO(scorer, clip_eps=clip, kl_beta=beta, normalization=norm)
-    if rl.objective == "wd1":
-        return rl_objectives.WD1(
-            scorer,
-            group_size=int(rl.group_size),
-            psi=float(rl.wd1_psi),
-            negative_weight=float(rl.wd1_negative_weight),
-            kl_beta=beta,
-            normalization=norm,
-            zero_tied_groups=bool(rl.get("wd1_zero_tied_groups", False)),  # absent from configs saved before it
-        )
-    in_place = hasattr(exp.objective, "train_loss_per_example") and getattr(exp.objective, "canvas_len", 0) is None
-    if rl.objective == "expert_iteration":  # in place: the run's own loss; else the scorer's (exact AR, mean-field)
-        return rl_objectives.ExpertIteration(
-            scorer, objective=exp.objective if in_place else None, draws=int(rl.elbo_draws)
-        )
-    if not hasattr(exp.objective, "elbo_per_example"):
-        raise ValueError("config.rl.objective='elbo' needs a run trained in place with the masking ELBO objective.")
-    return rl_objectives.ElboPolicyGradient(exp.objective, scorer, draws=int(rl.elbo_draws), kl_beta=beta)
+    cls = rl_objectives.objective_class(rl.objective)
+    run = rl_objectives.RunPieces(
+        scorer=scorer,
+        group_size=int(rl.group_size),
+        kl_beta=float(rl.kl_beta),
+        normalization=str(rl.get("loss_normalization", "paper")),  # absent from configs saved before it existed
+        objective=exp.objective,
+    )
+    return cls.build(objective_section(rl, cls), run)
 
 
 class RolloutReport:
@@ -350,7 +364,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> RLRun:
     trainable = finetune.Trainable.from_config(config, base.params)
     loss_fn = with_draws_metric(trainable.loss_fn(objective))
     if config.rl.get("skip_uninformative_steps", False):
-        loss_fn = with_update_gate(loss_fn, expert_iteration=config.rl.objective == "expert_iteration")
+        loss_fn = with_update_gate(loss_fn, grouped=type(objective).grouped)
     stream = RolloutStream(
         exp=exp,
         settings=rollout_settings(config),

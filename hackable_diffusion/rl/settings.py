@@ -1,11 +1,14 @@
 """The `rl` config section and the RL config made from a task's training config (`rl_sections`), next to the code
-that reads them (`rl/command.py`; docs/rl.md lists every key and the paper each default follows)."""
+that reads them (`rl/command.py`; docs/rl.md lists every key and the paper each default follows). The keys every
+objective shares sit in `config.rl`; each registered objective's own settings are its section `config.rl.<name>`
+(`objectives.base.PolicyObjective.settings`: its dataclass fields at their defaults, e.g. `config.rl.wd1.psi`)."""
 
 from __future__ import annotations
 
 import ml_collections
 
 from hackable_diffusion import recipes
+from hackable_diffusion.rl.objectives import OBJECTIVES
 
 
 def rl_sections(
@@ -23,7 +26,8 @@ def rl_sections(
     c = recipes.from_weights(config, checkpoint, lora_rank)
     c.rl = ml_collections.ConfigDict(
         dict(
-            objective=objective,  # "diffu_grpo" | "wd1" | "elbo" | "ar_grpo" | "expert_iteration"
+            objective=objective,  # a name in objectives.OBJECTIVES: "diffu_grpo" | "wd1" | "elbo" | "ar_grpo" |
+            # "expert_iteration"; its own settings are config.rl.<objective> (below)
             prompts_per_rollout=8,  # K prompts per rollout
             group_size=8,  # G completions per prompt (expert_iteration: 1 is enough)
             inner_updates=2,  # mu optimizer steps per rollout batch (d1, wd1: 12; 2 here: each rollout costs a sampler
@@ -33,14 +37,8 @@ def rl_sections(
             advantage_scale="none",  # "none": r - mean per group (d1, wd1); "std": (r - mean) / std (GRPO's paper)
             loss_normalization="paper",  # "paper": each objective's paper (docs/rl.md); "row_mean": per-row token
             # means, then their mean over every row, tied groups included (GRPO's paper; diffu_grpo, ar_grpo, wd1)
-            clip_eps=0.5,  # ratio objectives' clip (d1, wd1's diffu-GRPO baseline: 0.5; TRL's and GRPO's paper: 0.2)
             kl_beta=0.0,  # weight of the k3 KL to the starting weights (d1: 0.04; wd1's trainer: none, 0); > 0 costs a
             # reference pass per inner update and, full fine-tuning, a second copy of the weights
-            wd1_psi=1.0,  # wd1: softmax temperature on the advantages (wd1's code: 1)
-            wd1_negative_weight=1.0,  # wd1: weight lambda of the negative samples' term (wd1's code: 1)
-            wd1_zero_tied_groups=False,  # wd1: True gives a tied group's rows weight 0; False: (1 - lambda) / G each,
-            # as wd1's code (the two agree at lambda = 1)
-            elbo_draws=4,  # ELBO policy gradient and expert iteration (in place): noise draws per completion
             shaped_reward=False,  # the task's partial credit (Sudoku: rewards.py) on top of exact = 1
             temperature=1.0,  # rollouts draw tokens at this temperature (d1, wd1: 0.9; 1 here: the scorers score the
             # temperature-1 policy, so at 1 the rollouts are the scored policy's own samples)
@@ -57,4 +55,6 @@ def rl_sections(
             # Sudoku has none (True refused)
         )
     )
+    for name, cls in OBJECTIVES.items():  # e.g. rl.diffu_grpo.clip_eps (d1: 0.5; TRL, GRPO's paper: 0.2), rl.wd1.psi
+        c.rl[name] = ml_collections.ConfigDict(cls.settings())
     return recipes.constant_lr_schedule(c, peak_lr, steps, warmup=10, log_every=5, eval_every=50, checkpoint_every=25)

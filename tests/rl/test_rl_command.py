@@ -170,7 +170,8 @@ def test_expert_iteration_runs_on_search_rollouts_and_trains_on_the_accepted_gri
     config, source = source_run
     r = rl_config(config, source, steps=2, objective="expert_iteration")
     r.rl.skip_uninformative_steps = True
-    r.rl.prompts_per_rollout, r.rl.group_size, r.rl.kl_beta, r.rl.shaped_reward, r.rl.elbo_draws = 8, 1, 0.0, False, 1
+    r.rl.prompts_per_rollout, r.rl.group_size, r.rl.kl_beta, r.rl.shaped_reward = 8, 1, 0.0, False
+    r.rl.expert_iteration.draws = 1
     r.solver.rules, r.solver.search, r.solver.search_paced = True, True, True
     r.solver.pass_budget, r.solver.parallel_attempts = 6, 2
     command.run_rl(r, str(tmp_path / "rl"))

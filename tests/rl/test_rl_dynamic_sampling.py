@@ -238,7 +238,7 @@ def test_a_state_saved_before_dynamic_sampling_resumes():
 def rl_config(**rl) -> ml_collections.ConfigDict:
     section = dict(
         objective="diffu_grpo", prompts_per_rollout=K, group_size=G, inner_updates=1, prompt_mask_prob=0.0,
-        advantage_scale="std", clip_eps=0.2, kl_beta=0.0, temperature=1.0,
+        advantage_scale="std", kl_beta=0.0, temperature=1.0, diffu_grpo=dict(clip_eps=0.2),
     )  # fmt: skip
     return ml_collections.ConfigDict(dict(seed=SEED, rl={**section, **rl}))
 

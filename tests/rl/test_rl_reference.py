@@ -444,7 +444,9 @@ def test_the_update_gate_reads_the_informative_groups():
 
 def test_expert_iterations_update_gate_reads_the_accepted_completions():
     """Groups of one always tie (valid = 0): expert iteration's gate is whether any completion was accepted."""
-    gated = command.with_update_gate(lambda p, b, k: (jnp.float32(0.0), {}), expert_iteration=True)
+    gated = command.with_update_gate(
+        lambda p, b, k: (jnp.float32(0.0), {}), grouped=rl.ExpertIteration.grouped
+    )
     for solved, want in (([0.0, 0.0], 0.0), ([0.0, 1.0], 1.0)):
         _, metrics = gated(None, {"valid": jnp.zeros((2,)), "solved": jnp.asarray(solved)}, None)
         assert float(metrics[train_state.APPLY_UPDATE]) == want
@@ -594,9 +596,9 @@ def test_noise_draws_must_be_at_least_one():
     rl.ElboPolicyGradient(TableElbo(LENGTHS), TableScorer(), draws=1)
     rl.ExpertIteration(TableScorer(), draws=1)
     for draws in (0, -1):
-        with pytest.raises(ValueError, match="elbo_draws"):
+        with pytest.raises(ValueError, match=r"config.rl.elbo.draws=-?\d must be an integer >= 1"):
             rl.ElboPolicyGradient(TableElbo(LENGTHS), TableScorer(), draws=draws)
-        with pytest.raises(ValueError, match="elbo_draws"):
+        with pytest.raises(ValueError, match=r"config.rl.expert_iteration.draws=-?\d must be an integer >= 1"):
             rl.ExpertIteration(TableScorer(), draws=draws)
 
 
@@ -606,13 +608,15 @@ def test_the_objectives_defaults_are_the_recipes_and_the_papers(tmp_path):
     need the old policy's log-probs (an extra scoring pass per rollout)."""
     section = rl_settings.rl_sections(tiny_countdown_config(tmp_path), checkpoint="unused").rl
     clipped = rl.DiffuGRPO(TableScorer())
-    assert (clipped.clip_eps, clipped.kl_beta) == (section.clip_eps, section.kl_beta) == (0.5, 0.0)
+    assert (clipped.clip_eps, clipped.kl_beta) == (section.diffu_grpo.clip_eps, section.kl_beta) == (0.5, 0.0)
+    assert rl.ArGRPO(TableScorer()).clip_eps == section.ar_grpo.clip_eps == 0.5
     wd1 = rl.WD1(TableScorer(), group_size=G)
-    assert (wd1.psi, wd1.negative_weight, wd1.kl_beta) == (section.wd1_psi, section.wd1_negative_weight, 0.0)
-    assert wd1.psi == 1.0 and wd1.zero_tied_groups is section.wd1_zero_tied_groups is False
+    assert (wd1.psi, wd1.negative_weight, wd1.kl_beta) == (section.wd1.psi, section.wd1.negative_weight, 0.0)
+    assert wd1.psi == 1.0 and wd1.zero_tied_groups is section.wd1.zero_tied_groups is False
     elbo = rl.ElboPolicyGradient(TableElbo(tuple(LENGTHS)), TableScorer())
-    assert elbo.draws == section.elbo_draws == 4 and elbo.kl_beta == 0.0
-    assert rl.ExpertIteration(TableScorer()).draws == 1  # one fresh noise draw per step, as pretraining
+    assert elbo.draws == section.elbo.draws == 4 and elbo.kl_beta == 0.0
+    # one fresh noise draw per step, as pretraining
+    assert rl.ExpertIteration(TableScorer()).draws == section.expert_iteration.draws == 1
     classes = (rl.DiffuGRPO, rl.ArGRPO, rl.WD1, rl.ElboPolicyGradient, rl.ExpertIteration)
     assert [cls.needs_old_log_probs for cls in classes] == [True, True, False, False, False]
     for objective in (clipped, wd1, elbo, rl.ExpertIteration(TableScorer())):

@@ -46,6 +46,7 @@ class StubExperiment:
     process: object = None
     config: object = None
     model: object = None
+    objective: object = None
     is_autoregressive: bool = False
 
 

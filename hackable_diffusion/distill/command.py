@@ -43,30 +43,29 @@ from hackable_diffusion.sampling.temperature import AnnealedTemperature
 from hackable_diffusion.tasks.capabilities import HasCanvasSampler
 
 DISTILL_KEYS = (
-    "method", "teacher_steps", "student_steps", "rest_weight", "pool_size", "batch_size", "greedy_temperature",
-    "self_condition_prob", "keep", "group_size", "elbo_draws", "target_sharpness",
-    "target_temperature", "shared_noise", "exact_entropy", "teacher_selection", "student_process", "teacher_process",
+    "method", "teacher_steps", "student_steps", "pool_size", "batch_size", "greedy_temperature",
+    "self_condition_prob", "keep", "teacher_selection", "student_process", "teacher_process",
     "student_temperature", "teacher_temperature",
-)  # fmt: skip
+)  # fmt: skip  (the run's keys; every method's fields are keys too: `distill_keys`)
+
+
+def distill_keys() -> set[str]:
+    """The keys a `config.distill` section may hold: the run's and every registered method's fields."""
+    return set(DISTILL_KEYS) | set(methods_lib.method_settings())
 #: sections a student takes from its teacher's run (the layout and task the weights were trained in)
 INHERITED_SECTIONS = ("data", "diffusion", "sampler", "solver", "eval")
 
 
 def check_distill_config(
     config: ml_collections.ConfigDict,
-) -> (
-    methods_lib.TrajectoryDistillation
-    | methods_lib.ConsistencyDistillation
-    | methods_lib.FixedOrderDistillation
-    | methods_lib.ReverseKLDistillation
-):
+) -> methods_lib.DistillationMethod:
     """The checks of `config.distill` that need no weights; returns the method. ValueError names the key."""
     if "distill" not in config:
         raise ValueError("the config has no distill section: build it with hackable_diffusion.distill.settings.distill_sections.")
     d = config.distill
-    unknown = sorted(set(d.keys()) - set(DISTILL_KEYS))
+    unknown = sorted(set(d.keys()) - distill_keys())
     if unknown:
-        raise ValueError(f"unknown config.distill keys {unknown}; valid keys: {sorted(DISTILL_KEYS)}.")
+        raise ValueError(f"unknown config.distill keys {unknown}; valid keys: {sorted(distill_keys())}.")
     methods_lib.student_grid(int(d.teacher_steps), int(d.student_steps))
     if int(d.pool_size) < int(d.batch_size) or int(d.batch_size) < 1:
         raise ValueError(
@@ -77,17 +76,7 @@ def check_distill_config(
         raise ValueError(f"config.distill.keep={d.keep!r} must be 'all' or 'correct' (the teacher's successes).")
     if not 0 < float(d.greedy_temperature) <= 0.1:
         raise ValueError(f"config.distill.greedy_temperature={d.greedy_temperature} must lie in (0, 0.1].")
-    return methods_lib.build_method(
-        str(d.method),
-        int(d.student_steps),
-        float(d.rest_weight),
-        group_size=int(d.get("group_size", 4)),
-        elbo_draws=int(d.get("elbo_draws", 4)),
-        target_sharpness=float(d.get("target_sharpness", 1.0)),
-        target_temperature=float(d.get("target_temperature", 1.0)),
-        shared_noise=bool(d.get("shared_noise", False)),
-        exact_entropy=bool(d.get("exact_entropy", False)),
-    )
+    return methods_lib.build_method(d)
 
 
 def resolve_config(

@@ -47,9 +47,6 @@ from jaxtyping import Bool, Float, Int
 
 from hackable_diffusion.sampling.scores import dilated_rank
 
-METHODS = ("trajectory", "consistency", "reverse_kl", "fixed_order")
-
-
 def student_grid(num_teacher_steps: int, num_student_steps: int) -> int:
     """m, the teacher steps per student step; ValueError unless the student's steps divide the teacher's."""
     if num_student_steps < 1 or num_teacher_steps < num_student_steps or num_teacher_steps % num_student_steps:
@@ -243,26 +240,33 @@ class ReverseKLDistillation:
             )
 
 
-def build_method(
-    name: str,
-    student_steps: int,
-    rest_weight: float = 0.0,
-    *,
-    group_size: int = 4,
-    elbo_draws: int = 4,
-    target_sharpness: float = 1.0,
-    target_temperature: float = 1.0,
-    shared_noise: bool = False,
-    exact_entropy: bool = False,
-):
-    if name == "trajectory":
-        return TrajectoryDistillation(student_steps, rest_weight)
-    if name == "consistency":
-        return ConsistencyDistillation(student_steps)
-    if name == "fixed_order":
-        return FixedOrderDistillation(student_steps, rest_weight)
-    if name == "reverse_kl":
-        return ReverseKLDistillation(
-            student_steps, group_size, elbo_draws, target_sharpness, target_temperature, shared_noise, exact_entropy
-        )
-    raise ValueError(f"config.distill.method={name!r} must be one of {METHODS}.")
+DistillationMethod = TrajectoryDistillation | ConsistencyDistillation | FixedOrderDistillation | ReverseKLDistillation
+#: config.distill.method -> its class; a method's dataclass fields are read from the keys of config.distill of the same
+#: name (the settings default each to the field's default), so a method with new parameters is this file alone
+METHODS = {
+    cls.name: cls
+    for cls in (TrajectoryDistillation, ConsistencyDistillation, ReverseKLDistillation, FixedOrderDistillation)
+}
+
+
+def method_settings() -> dict[str, object]:
+    """Every method's fields with their defaults (the first method to name a field gives its default): the keys a
+    `config.distill` section may hold for them."""
+    settings: dict[str, object] = {}
+    for cls in METHODS.values():
+        for field in dataclasses.fields(cls):
+            if field.default is not dataclasses.MISSING:
+                settings.setdefault(field.name, field.default)
+            else:
+                settings.setdefault(field.name, None)
+    return settings
+
+
+def build_method(section) -> DistillationMethod:
+    """The method `section.method` names, built from the section's keys named as its fields: `cls(**those keys)`."""
+    name = str(section["method"])
+    if name not in METHODS:
+        raise ValueError(f"config.distill.method={name!r} must be one of {tuple(METHODS)}.")
+    cls = METHODS[name]
+    given = {f.name: section[f.name] for f in dataclasses.fields(cls) if f.name in section}
+    return cls(**given)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ml_collections
 
 from hackable_diffusion import recipes
+from hackable_diffusion.distill.methods import method_settings
 
 
 def distill_sections(
@@ -48,4 +49,7 @@ def distill_sections(
             student_temperature="",  # "MAX/MIN^EXPONENT": the student's saved sampling schedule ("": the teacher's)
         )
     )
+    for key, default in method_settings().items():  # a method's field not set above: its class default
+        if key not in c.distill and default is not None:
+            c.distill[key] = default
     return recipes.constant_lr_schedule(c, peak_lr, steps, warmup=20, log_every=10, eval_every=0, checkpoint_every=50)

@@ -31,8 +31,17 @@ from hackable_diffusion.sampling.selection import SelectionRule, make_selection
 from hackable_diffusion.sampling.temperature import AnnealedTemperature
 from hackable_diffusion.sampling.views import PermutationViews
 
-PROCESSES = ("uniform", "masking", "none")  # "none": the autoregressive baseline
-OBJECTIVES = ("pretrain", "sft", "ar")
+#: config.diffusion.process -> (vocab_size, schedule, diffusion section) -> the process; "none": the autoregressive
+#: baseline, no process
+PROCESSES = {
+    "uniform": lambda vocab_size, schedule, d: UniformProcess(
+        vocab_size=vocab_size, schedule=schedule, excluded_ids=tuple(d.excluded_ids)
+    ),
+    "masking": lambda vocab_size, schedule, d: MaskingProcess(
+        vocab_size=vocab_size, schedule=schedule, mask_id=MASK_ID
+    ),
+    "none": None,
+}
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int) -> T.Transformer:
@@ -45,13 +54,11 @@ def build_process(config: ml_collections.ConfigDict, vocab_size: int) -> NoisePr
     """The noise process of `config.diffusion` (None for the autoregressive baseline, process "none")."""
     d = config.diffusion
     if d.process not in PROCESSES:
-        raise ValueError(f"config.diffusion.process={d.process!r} must be one of {PROCESSES}.")
-    if d.process == "none":
+        raise ValueError(f"config.diffusion.process={d.process!r} must be one of {tuple(PROCESSES)}.")
+    make = PROCESSES[d.process]
+    if make is None:
         return None
-    schedule = schedule_from_config(d.schedule)  # `name` + that class's fields (`recipes.schedule_section`)
-    if d.process == "masking":
-        return MaskingProcess(vocab_size=vocab_size, schedule=schedule, mask_id=MASK_ID)
-    return UniformProcess(vocab_size=vocab_size, schedule=schedule, excluded_ids=tuple(d.excluded_ids))
+    return make(vocab_size, schedule_from_config(d.schedule), d)  # the schedule: `name` + that class's fields
 
 
 def build_loss(config: ml_collections.ConfigDict) -> DiffusionLoss:
@@ -73,7 +80,7 @@ def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, pro
     autoregressive baseline."""
     d = config.diffusion
     if d.objective not in OBJECTIVES:
-        raise ValueError(f"config.diffusion.objective={d.objective!r} must be one of {OBJECTIVES}.")
+        raise ValueError(f"config.diffusion.objective={d.objective!r} must be one of {tuple(OBJECTIVES)}.")
     adaptation = build_adaptation(config)
     if adaptation is not None and (d.objective != "pretrain" or process is None):
         raise ValueError(
@@ -89,17 +96,29 @@ def build_objective(config: ml_collections.ConfigDict, model: T.Transformer, pro
         self_condition_prob=d.self_condition_prob,
         null_signal=d.null_signal,
     )
+    return OBJECTIVES[d.objective](model, process, d, adaptation, common)
+
+
+def _pretrain(model, process, d, adaptation, common):
     shift = bool(d.get("token_shift", False))  # configs saved before the key existed have no token shift
-    if d.objective == "pretrain":
-        return obj_lib.DiffusionPretrainObjective(
-            model, process, canvas_len=d.canvas_len or None, adaptation=adaptation, token_shift=shift, **common
-        )
-    if shift:
+    return obj_lib.DiffusionPretrainObjective(
+        model, process, canvas_len=d.canvas_len or None, adaptation=adaptation, token_shift=shift, **common
+    )
+
+
+def _canvas_sft(model, process, d, adaptation, common):
+    del adaptation  # refused above for every objective but pretraining
+    if d.get("token_shift", False):
         raise ValueError(
             "config.diffusion.token_shift is implemented for diffusion pretraining (objective='pretrain'); "
             f"objective={d.objective!r} does not take it. Set diffusion.token_shift=False."
         )
     return obj_lib.CanvasSFTObjective(model, process, canvas_len=d.canvas_len, **common)
+
+
+#: config.diffusion.objective -> (model, process, diffusion section, adaptation, shared arguments) -> the objective of
+#: a diffusion run ("ar", or any objective of a run without a process, is the autoregressive baseline)
+OBJECTIVES = {"pretrain": _pretrain, "sft": _canvas_sft, "ar": None}
 
 
 def build_adaptation(config: ml_collections.ConfigDict) -> adaptation_lib.Adaptation | None:

@@ -72,6 +72,7 @@ def define_command_flags(argv: Sequence[str], config_help: str, workdir_help: st
     overrides), --init_from and --workdir; returns argv as `define_config_file_flag` leaves it."""
     from absl import flags
 
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.checkpoints import base_weights
 
     argv = define_config_file_flag(argv, config_help)
@@ -102,6 +103,7 @@ def define_workdir_config_flag(argv: Sequence[str]) -> tuple[ml_collections.Conf
     Sudoku), so the overrides can still be checked."""
     from ml_collections import config_flags
 
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.checkpoints.hf_runs import resolve_workdir
     from hackable_diffusion.tasks import TASKS, get_task
 

@@ -56,6 +56,7 @@ def define_flags(argv: list[str]):
 
 
 def detect_format(path: pathlib.Path) -> str:
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.checkpoints import hf_files
 
     if hf_files.is_hf_directory(path):
@@ -90,6 +91,7 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
     """(TransformerConfig, params, extras) of a checkpoint; extras: what a writer may carry over."""
     import jax
 
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.checkpoints import gemma as gemma_ckpt
     from hackable_diffusion.checkpoints import hf as hf_ckpt
     from hackable_diffusion.models import quantize
@@ -104,6 +106,7 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
         cfg = TransformerConfig.from_dict(model_config.get("model", model_config).to_dict())
         params = gemma_ckpt.load_gemma_checkpoint(path, cfg, dtype=dtype or None, ignore_unexpected=ignore_unexpected)
         return cfg, params, {}
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.checkpoints import toolbox
 
@@ -129,6 +132,7 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
     if dtype:
         import numpy as np
 
+        # deferred: the command loads no jax before it runs (test_light_imports.py)
         from hackable_diffusion.models.config import resolve_dtype
 
         params = jax.tree.map(lambda x: np.asarray(x).astype(resolve_dtype(dtype)), params)
@@ -142,6 +146,7 @@ def load_source(path: pathlib.Path, fmt: str, *, model_config=None, dtype: str =
     }
     tokenizer_dir = path / "tokenizer"
     if (tokenizer_dir / "tokenizer.json").is_file():
+        # deferred: the command loads no jax before it runs (test_light_imports.py)
         from hackable_diffusion.data import tokenizers as tok_lib
 
         extras["tokenizer"] = tok_lib.load_tokenizer(tokenizer_dir)  # written into the export beside the weights
@@ -156,6 +161,7 @@ def run_tokenizer_file(run: pathlib.Path) -> dict:
     "pretrained": a tokenizers JSON or a SentencePiece model), which an exported directory must carry; else {}."""
     import json
 
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.data import tokenizers as tok_lib
 
     described = run / "tokenizer" / tok_lib.CONFIG_FILE
@@ -208,6 +214,7 @@ def convert(
 
     A toolbox run exported as Hugging Face carries its tokenizer (`tokenizers.save_hf_tokenizer`), its training context
     as `max_position_embeddings` and its window convention (`check_decoder_window`)."""
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.checkpoints import gemma as gemma_ckpt
     from hackable_diffusion.checkpoints import hf as hf_ckpt
     from hackable_diffusion.checkpoints import hf_files
@@ -244,6 +251,7 @@ def convert(
             name = "tokenizer.json" if pathlib.Path(tokenizer).suffix == ".json" else "tokenizer.model"
             shutil.copyfile(tokenizer, dst / name)  # the run's own tokenizer, so that hf:DIR samples as the run did
         elif extras.get("tokenizer") is not None and not any((dst / n).exists() for n in hf_files.TOKENIZER_FILES):
+            # deferred: the command loads no jax before it runs (test_light_imports.py)
             from hackable_diffusion.data import tokenizers as tok_lib
 
             tok_lib.save_hf_tokenizer(extras["tokenizer"], dst)  # a char run's tokenizer.json, an spm run's .model

@@ -26,6 +26,7 @@ _SAVED: dict[str, ml_collections.ConfigDict] = {}  # the run's saved config, rea
 
 
 def define_flags(argv: list[str]):
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.tasks import TASKS, get_task
 
     config, saved = cli.define_workdir_config_flag(argv)
@@ -48,6 +49,7 @@ def load_run(
 ):
     """(experiment, params, checkpoint step, weights used) of the run in `workdir`; `config`: its saved config with
     overrides (None: as saved); `step`: the checkpoint to read (None: the latest)."""
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion import run_config
     from hackable_diffusion.checkpoints import toolbox
@@ -74,6 +76,7 @@ def run(
     `tasks.sudoku.evaluation.SolvePuzzles(...)`) on the run in `workdir`. `config`: the run's saved config with
     overrides (None: as saved); `saved`: that saved config when the caller already read it; `step`: the checkpoint to
     evaluate (None: the latest)."""
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion import run_config
 
     saved = saved if saved is not None else run_config.load_saved_config(workdir)
@@ -97,6 +100,7 @@ def main(argv):
     del argv
     if FLAGS.workdir is None:
         raise app.UsageError("--workdir is required.")
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.checkpoints import hf_runs
     from hackable_diffusion.tasks import get_task
 
@@ -106,6 +110,7 @@ def main(argv):
             raise app.UsageError(f"--{name}={FLAGS[name].value} must be >= 0 (0: the default).")
     workdir = hf_runs.resolve_workdir(FLAGS.workdir)  # hf:DIR -> the run directory that stands for the checkpoint
     if "config" not in _SAVED:  # the workdir holds no run (define_flags found no config.json there)
+        # deferred: the command loads no jax before it runs (test_light_imports.py)
         from hackable_diffusion import run_config
 
         run_config.load_saved_config(workdir)  # raises the clear error

@@ -21,6 +21,7 @@ from hackable_diffusion import builders, run_config
 from hackable_diffusion.diffusion.processes import NoiseProcess
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.tasks import Task, get_task
+from hackable_diffusion.training import optimizers, sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +96,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     objective and sampler, the task's own keys (text: that the corpus files exist), the mesh and batch divisibility.
     Raises ValueError (or FileNotFoundError for data) naming the key and how to fix it."""
     import jax
-
-    from hackable_diffusion.training import optimizers, sharding
 
     t, d = config.train, config.data
     positive = {

@@ -47,6 +47,7 @@ def quantize_run(workdir: str, out: str, *, weights: str = "ema", format: str = 
     JSON line prints."""
     import jax
 
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.checkpoints import quantized_runs, toolbox
     from hackable_diffusion.models import quantize as Q

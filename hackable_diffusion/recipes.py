@@ -231,7 +231,7 @@ def text_config(
     """A text pretraining experiment. `process="uniform"` defaults to DiffusionGemma's recipe (canvas CE, encoder
     AR loss, self-conditioning); "masking" to the MD4/MDLM ELBO over block canvases; "none" to the AR baseline."""
     if process not in PROCESSES:
-        raise ValueError(f"process={process!r} is not one of {PROCESSES}.")
+        raise ValueError(f"process={process!r} is not one of {tuple(PROCESSES)}.")
     c = base_config()
     c.model = ml_collections.ConfigDict(model or presets.tiny())
     c.data.corpus = corpus

@@ -91,6 +91,7 @@ def _param_shapes(config: ml_collections.ConfigDict) -> dict[str, tuple[int, ...
     vocabulary of a run comes from its tokenizer); nothing is initialised."""
     import jax
 
+    # deferred: cli reads this module and loads no jax (test_light_imports.py)
     from hackable_diffusion import builders
     from hackable_diffusion.models import transformer as T
 
@@ -153,6 +154,7 @@ def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
     section (`recipes.upgrade_saved_diffusion`), the RL objectives' flat keys become their sections
     (`upgrade_saved_rl`), `init.use_ema` becomes `init.weights`; model fields a run saved before they were spelled out
     take their defaults."""
+    # deferred: cli reads this module and loads no jax (test_light_imports.py)
     from hackable_diffusion import recipes
     from hackable_diffusion.tasks import get_task
 
@@ -179,6 +181,7 @@ def upgrade_saved_config(config: ml_collections.ConfigDict) -> None:
     if "model" in config:  # model fields a run saved before they were spelled out take their (training-time) default
         import dataclasses
 
+        # deferred: cli reads this module and loads no jax (test_light_imports.py)
         from hackable_diffusion.models.config import TransformerConfig
 
         for field in dataclasses.fields(TransformerConfig):

@@ -46,6 +46,7 @@ def check_context(exp, prompts: list[str], max_new_tokens: int, max_context: int
     """Raises ValueError when the longest prompt plus `max_new_tokens` is over the context (`max_context`, or 0:
     twice the run's trained sequence length, 4096 when the run does not say, as `serve.engine.Engine`), before
     anything is allocated."""
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.data.tokenizers import BOS_ID
 
     trained = int(exp.config.data.get("seq_len") or 0)
@@ -80,6 +81,7 @@ def main(argv):
     del argv
     import numpy as np
 
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.checkpoints import hf_runs, toolbox
     from hackable_diffusion.tasks import text

@@ -32,7 +32,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from hackable_diffusion import run_config
+from hackable_diffusion import recipes, run_config
 from hackable_diffusion.checkpoints import gemma as gemma_ckpt
 from hackable_diffusion.checkpoints.toolbox import load_params_directory, load_toolbox_params
 from hackable_diffusion.checkpoints.weight_matching import InitReport, match_params, param_shapes
@@ -93,8 +93,6 @@ def set_init_from(config: ml_collections.ConfigDict, spec: str) -> None:
     if kind not in INIT_KINDS or kind == "scratch" or not checkpoint:
         raise ValueError(f"--init_from={spec!r} must be KIND:PATH with KIND one of toolbox, params, gemma, hf.")
     if "init" not in config:
-        from hackable_diffusion import recipes
-
         with config.unlocked():
             config.init = recipes.init_section()
     config.init.kind, config.init.checkpoint = kind, checkpoint
@@ -107,8 +105,6 @@ def init_kind(config: ml_collections.ConfigDict) -> str:
 
 def allow_patterns(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """The globs of `config.init.allow_new` (a comma-separated string, or a sequence of globs)."""
-    from hackable_diffusion import recipes
-
     value = config.get("init", {}).get("allow_new", recipes.ALLOW_NEW)
     items = value.split(",") if isinstance(value, str) else list(value or ())
     return tuple(p.strip() for p in items if p and p.strip())
@@ -199,7 +195,7 @@ def load_base(config: ml_collections.ConfigDict) -> Base:
 
 def _load_hf_base(config: ml_collections.ConfigDict) -> Base:
     """A Hugging Face DiffusionGemma / Gemma-4 directory: its config, weights and tokenizer."""
-    from hackable_diffusion.checkpoints import hf as hf_ckpt
+    from hackable_diffusion.checkpoints import hf as hf_ckpt  # deferred: read by Hugging Face starts alone
 
     init = config.init
     if not init.checkpoint:
@@ -286,8 +282,6 @@ def resumed_train_config(config: ml_collections.ConfigDict, workdir: str | pathl
     saved_init = saved.get("init") or {"kind": "scratch"}
     if init_kind(config) == "scratch" and saved_init.get("kind", "scratch") == "scratch":
         return config  # a run from scratch, then and now
-    from hackable_diffusion import recipes
-
     section = recipes.init_section()
     section.update({k: v for k, v in saved_init.items() if k in section})
     config = config.copy_and_resolve_references()

@@ -46,6 +46,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from hackable_diffusion.checkpoints import quantized_formats
 from hackable_diffusion.checkpoints.hf_config import (  # noqa: F401  (the config half, re-exported for callers)
     DIFFUSION_GEMMA,
     GEMMA4_TEXT,
@@ -57,8 +58,8 @@ from hackable_diffusion.checkpoints.hf_config import (  # noqa: F401  (the confi
     config_to_hf,
     generation_config,
     generation_config_from_sampler,
+    minimal_vision_shapes,
 )
-from hackable_diffusion.checkpoints import quantized_formats
 from hackable_diffusion.checkpoints.hf_files import (
     CONFIG_FILE,
     GENERATION_CONFIG_FILE,
@@ -74,7 +75,9 @@ from hackable_diffusion.checkpoints.hf_files import (
 from hackable_diffusion.checkpoints.hf_mapping import RULES, HFRule, _Leaf, mapping_table, plan  # noqa: F401
 from hackable_diffusion.checkpoints.trees import flatten_tree, natural_key, unflatten_tree
 from hackable_diffusion.data import safe_files
+from hackable_diffusion.models import partitioning
 from hackable_diffusion.models.config import TransformerConfig, resolve_dtype
+from hackable_diffusion.training import sharding
 
 MAX_SHARD_BYTES = 5 * 10**9
 SKIPPED_PARTS = ("vision_tower.", "embed_vision.", "audio_tower.", "embed_audio.", "multi_modal_projector.")
@@ -200,9 +203,6 @@ def load_hf(
             else:
                 flat[leaf.path] = np.stack([_leaf_layer(source, leaf, n, target) for n in leaf.layers(cfg)])
     else:
-        from hackable_diffusion.models import partitioning
-        from hackable_diffusion.training import sharding
-
         abstract = unflatten_tree(
             {leaf.path: jax.ShapeDtypeStruct(leaf.shape, target or leaf.dtype) for leaf in leaves}
         )
@@ -335,7 +335,6 @@ def _write_hf(
         extra = [n for n in files if any(part in n for part in SKIPPED_PARTS)]
         tensors = _chain(tensors, ((name, read_tensor(files, name)) for name in sorted(extra, key=natural_key)))
     if model_type == DIFFUSION_GEMMA and source_config.get("vision_config") is None:  # the stand-in tower's weights
-        from hackable_diffusion.checkpoints.hf_config import minimal_vision_shapes
 
         stand_in = resolve_dtype(hf["dtype"])
         shapes = minimal_vision_shapes(cfg.embed_dim)

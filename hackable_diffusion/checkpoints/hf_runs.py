@@ -13,6 +13,9 @@ import pathlib
 import ml_collections
 
 from hackable_diffusion import recipes, run_config
+from hackable_diffusion.checkpoints import hf as hf_ckpt
+from hackable_diffusion.checkpoints import hf_files
+from hackable_diffusion.data.tokenizers import PretrainedTokenizer
 
 HF_PREFIX = "hf:"  # --workdir hf:DIR: a Hugging Face checkpoint directory used as a run
 
@@ -29,9 +32,6 @@ def hf_experiment_config(path: str) -> ml_collections.ConfigDict:
     generation_config.json describes (DiffusionGemma: uniform noise over the whole vocabulary as transformers draws it,
     entropy bound, linear temperature, stable-and-confident stopping, its canvas length); a Gemma-4 causal LM is an
     autoregressive run. Data: tiny Shakespeare through the checkpoint's own tokenizer."""
-    from hackable_diffusion.checkpoints import hf as hf_ckpt
-    from hackable_diffusion.checkpoints import hf_files
-
     cfg, info = hf_files.read_model_config(path)  # a missing directory or a broken config.json, by name
     model = dataclasses.asdict(cfg)
     diffusion = info.model_type == hf_ckpt.DIFFUSION_GEMMA
@@ -62,8 +62,6 @@ def hf_run_dir(path: str) -> pathlib.Path:
     stay in the checkpoint: `load_params` reads them from there."""
     import hashlib
     import os
-
-    from hackable_diffusion.data.tokenizers import PretrainedTokenizer
 
     source = pathlib.Path(path).resolve()
     cache = pathlib.Path(

@@ -22,6 +22,8 @@ from hackable_diffusion import builders
 from hackable_diffusion.checkpoints.trees import tree_metadata
 from hackable_diffusion.models import lora as lora_lib
 from hackable_diffusion.models import transformer as T
+from hackable_diffusion.training import checkpointing, optimizers
+from hackable_diffusion.training.train_state import TrainState
 
 PyTree = Any
 WEIGHTS = ("ema", "raw")  # which weights of a run: its EMA when it kept one, or the trained weights
@@ -41,18 +43,15 @@ def load_params(exp: Experiment, workdir: str, *, weights: str = "ema", step: in
 
     Returns (params, step). `weights="ema"`: the EMA parameters when the run kept them; "raw": the trained ones.
     """
-    from hackable_diffusion.training import checkpointing, optimizers
-    from hackable_diffusion.training.train_state import TrainState
-
     check_weights(weights)
     config = exp.config
     if exp.model.cfg.weight_dtype is not None:  # a run written by `python -m hackable_diffusion.quantize`
-        from hackable_diffusion.checkpoints import quantized_runs
+        from hackable_diffusion.checkpoints import quantized_runs  # deferred: read by quantized runs alone
 
         return quantized_runs.load_quantized_run(workdir, exp.model.cfg.weight_dtype)
     trained_here = (pathlib.Path(workdir) / "checkpoints").is_dir()
     if config.get("init", {}).get("kind") == "hf" and not trained_here:  # `hf:DIR` as a run: its weights
-        from hackable_diffusion.checkpoints import hf as hf_ckpt
+        from hackable_diffusion.checkpoints import hf as hf_ckpt  # deferred: read by Hugging Face runs alone
 
         return hf_ckpt.load_hf(config.init.checkpoint, dtype=exp.model.cfg.param_dtype).params, 0
     adapter = builders.build_adapter(config) if "lora" in config else None  # a LoRA run holds {base, lora}

@@ -76,6 +76,7 @@ def check_run(namespace) -> None:
     """The checks of an evaluation before lm-eval loads the model or its tasks (see the module docstring)."""
     from lm_eval.config.evaluate_config import EvaluatorConfig
 
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.evals import lm_eval_adapter
 
     quiet = logging.getLogger("lm_eval")
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         from hackable_diffusion.evals import lm_eval_adapter  # noqa: F401  (registers the model)
     except ImportError as err:
         sys.exit(f"error: the lm-eval harness is not installed ({err}); pip install -e '.[eval]'.")
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion import cli
 
     args = list(sys.argv[1:] if argv is None else argv)

@@ -32,7 +32,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from hackable_diffusion import run_config
+from hackable_diffusion import cli, run_config
+from hackable_diffusion import experiment as exp_lib
+from hackable_diffusion.checkpoints import hf_runs, toolbox
 from hackable_diffusion.evals import scoring
 from hackable_diffusion.recipes import sampler_report
 from hackable_diffusion.tasks.capabilities import GeneratesText, LmEvalPuzzleAnswerer, ScoresLmEvalPuzzles
@@ -48,9 +50,6 @@ def check_model_args(model_args: Mapping[str, Any]) -> None:
     key is known, `workdir` is a training workdir with its config.json, or `hf:DIR` a Hugging Face checkpoint
     directory, and every `config.<path>` names a key of that run's config. Raises ValueError or FileNotFoundError
     with one line that names what is wrong and how to fix it."""
-    from hackable_diffusion import cli
-    from hackable_diffusion.checkpoints import hf_runs
-
     bad = [k for k in model_args if k not in MODEL_ARGS + EXTRA_ARGS and not str(k).startswith("config.")]
     if bad:
         raise ValueError(
@@ -128,10 +127,6 @@ class HackableDiffusionLM(LM):
     ):
         super().__init__()
         del max_batch_size, device  # one process, the default JAX device(s)
-        from hackable_diffusion import cli
-        from hackable_diffusion import experiment as exp_lib
-        from hackable_diffusion.checkpoints import hf_runs, toolbox
-
         check_model_args(dict(config_overrides, workdir=workdir))
         workdir = hf_runs.resolve_workdir(str(workdir))
         overrides = [f"--{k}={v}" for k, v in config_overrides.items()]

@@ -27,7 +27,7 @@ import random
 from collections.abc import Sequence
 
 from hackable_diffusion.data import text as text_lib
-from hackable_diffusion.tasks.sudoku import grids
+from hackable_diffusion.tasks.sudoku import generator, grids
 from hackable_diffusion.tasks.sudoku.grids import grid_to_text, text_to_grid
 
 
@@ -125,8 +125,6 @@ def ptb_passages(split: str, count: int, sentences: int) -> list[str]:
 
 def sudoku_solve_docs(count: int, givens: tuple[int, int], seed: int) -> list[dict]:
     """{"puzzle": 81 characters, "solution": 81 digits} for `count` generated unique-solution puzzles."""
-    from hackable_diffusion.tasks.sudoku import generator
-
     data = generator.generate_dataset(count, givens, seed=seed, unique=True, num_workers=1, cache_dir=None)
     return [
         {"puzzle": grid_to_text(p), "solution": grid_to_text(s)} for p, s in zip(data["puzzles"], data["solutions"])

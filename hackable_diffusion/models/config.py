@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from hackable_diffusion.models.structure import get_structure
+
 LAYER_TYPES = ("local", "global")
 DISPATCHES = ("dense", "sorted", "ragged")
 DECODER_WINDOWS = ("per_token", "cache_tail")  # how local layers of a canvas see the cache (decoder_window)
@@ -175,8 +177,6 @@ class TransformerConfig:
             if getattr(self, name) % 2:
                 raise ValueError(f"model.{name}={getattr(self, name)} must be even for half-split RoPE.")
         if self.structure:
-            from hackable_diffusion.models.structure import get_structure
-
             get_structure(self.structure)  # registered, with a valid argument
         if self.structure_attention_bias < 0:
             raise ValueError(f"model.structure_attention_bias={self.structure_attention_bias} must be >= 0.")

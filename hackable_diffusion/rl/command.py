@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from hackable_diffusion import cli, finetune
+from hackable_diffusion import cli, finetune, run_config
 from hackable_diffusion import experiment as exp_lib
 from hackable_diffusion.checkpoints import base_weights
 from hackable_diffusion.rl import objectives as rl_objectives
@@ -27,6 +27,7 @@ from hackable_diffusion.rl.scorers import AutoregressiveScorer, MeanFieldScorer,
 from hackable_diffusion.tasks import get_task
 from hackable_diffusion.tasks.capabilities import CutsCompletionsAtEos, RecordsCommitOrder, RewardTask, require
 from hackable_diffusion.training import sharding
+from hackable_diffusion.training.train_state import APPLY_UPDATE
 
 RL_KEYS = (
     "objective", "prompts_per_rollout", "group_size", "inner_updates", "prompt_mask_prob", "advantage_scale",
@@ -189,8 +190,6 @@ def with_update_gate(loss_fn: Any, *, grouped: bool = True) -> Any:
     """`loss_fn` reporting `train_state.APPLY_UPDATE` = 1 when the batch holds an informative group (an objective
     that is not `grouped`, e.g. expert iteration, whose groups of one always tie: an accepted completion), else 0
     (`rl.skip_uninformative_steps`: the train step then leaves the weights, optimizer state and EMA untouched)."""
-    from hackable_diffusion.training.train_state import APPLY_UPDATE
-
     useful = "valid" if grouped else "solved"  # the rows the objective learns from
 
     def loss(params, batch, key):
@@ -233,8 +232,6 @@ def starting_diffusion(config: ml_collections.ConfigDict) -> ml_collections.Conf
     """The diffusion section the RL run will train with, from the configs alone (no weight is read): a toolbox run's
     own (its saved config.json), as `resolve_config` takes it, or else this config's."""
     import pathlib
-
-    from hackable_diffusion import run_config
 
     diffusion = config.get("diffusion", {})
     kind = base_weights.init_kind(config)

@@ -84,6 +84,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def load_engine(workdir: str, config, *, weights: str = "ema", model_name: str = "", **engine_args):
     """(engine, chat template) for a run directory or hf:DIR, with the config's overrides applied."""
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion import experiment as exp_lib
     from hackable_diffusion.checkpoints import hf_runs, toolbox
     from hackable_diffusion.serve import chat
@@ -104,6 +105,7 @@ def warm_up(engine, prompt: str = "", max_tokens: int | None = None, batch_sizes
     batch with a streaming client runs the denoising loop with a per-step host callback: another program), so that
     the first clients do not wait for compilation; returns the seconds it took. The engine's statistics start afresh
     afterwards."""
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.serve.requests import EngineStats, Request, next_power_of_two
 
     start = time.perf_counter()
@@ -153,11 +155,13 @@ class ServerThread:
 
 def main(argv):
     del argv
+    # deferred: the command loads no jax before it runs (test_light_imports.py)
     from hackable_diffusion.checkpoints import hf_runs
 
     try:
         import uvicorn
 
+        # deferred: the command loads no jax before it runs (test_light_imports.py)
         from hackable_diffusion.serve.app import build_app
     except ImportError as e:
         raise app.UsageError(f"the server needs its extra: pip install -e '.[serve]' ({e}).") from None

@@ -4,22 +4,35 @@ as block masking adapted from the AR run, to see whether and when diffusion over
 
   python experiments/epoch_study.py --root runs/epoch_study --epochs 1,2,4,8,16,32,64
 
-The argument picks the run: "ar", "masking" or "adapted" (masking with the token shift, started from the AR run's
-weights, `--config.init.checkpoint` = the AR workdir; the study script sets it). The quickstart's backbone and batch
-(the 1.37M-parameter MoE, 16 x 128 characters, canvases of 32), a constant learning rate after a short warm-up so that
-a run extended from one epoch count to the next trains exactly as one long run would, no weight decay, no EMA. The
-study script raises `train.num_steps` stage by stage and evaluates after each.
+The argument picks the run, "ar", "masking" or "adapted" (masking with the token shift, started from the AR run's
+weights, `--config.init.checkpoint` = the AR workdir; the study script sets it), and optionally the size after a comma
+(`ar,mini`). "quickstart" (the default): the quickstart's backbone and batch (the 1.37M-parameter MoE, 16 x 128
+characters, canvases of 32). "mini": the text comparison's dense `presets.mini` backbone (~5M parameters) and batch
+(8 x 256 characters, canvases of 64), large enough for tiny Shakespeare to overfit within hours on a CPU. Both: a
+constant learning rate after a short warm-up so that a run extended from one epoch count to the next trains exactly
+as one long run would, no weight decay, no EMA. The study script raises `train.num_steps` stage by stage and
+evaluates after each.
 """
 
 from hackable_diffusion import recipes
+from hackable_diffusion.models import presets
 
 KINDS = ("ar", "masking", "adapted")
+SIZES = ("quickstart", "mini")
 
 
-def get_config(kind: str = "ar"):
-    if kind not in KINDS:
-        raise ValueError(f"configs/epoch_study.py takes one of {KINDS}, got {kind!r}.")
-    c = recipes.quickstart_config("none" if kind == "ar" else "masking")
+def get_config(arg: str = "ar"):
+    kind, _, size = arg.partition(",")
+    size = size or "quickstart"
+    if kind not in KINDS or size not in SIZES:
+        raise ValueError(f"configs/epoch_study.py takes KIND[,SIZE], KIND in {KINDS}, SIZE in {SIZES}; got {arg!r}.")
+    process = "none" if kind == "ar" else "masking"
+    if size == "mini":
+        c = recipes.text_config(
+            "shakespeare", process, model=presets.mini(), steps=490, seq_len=256, batch_size=8, canvas_len=64
+        )
+    else:
+        c = recipes.quickstart_config(process)
     c = recipes.constant_lr_schedule(c, 2e-3, 490, warmup=30, log_every=50, eval_every=0, checkpoint_every=490)
     if kind == "adapted":
         c.init = recipes.init_section("toolbox", "runs/epoch_study/ar")

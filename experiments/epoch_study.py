@@ -4,6 +4,7 @@ diffusion overtakes AR).
 
   python experiments/epoch_study.py --root runs/epoch_study --epochs 1,2,4,8,16,32,64 [--adapt_from_epoch 1]
   python experiments/epoch_study.py --root runs/epoch_study --plot results/text/epoch_study.png
+  python experiments/epoch_study.py --root runs/epoch_study_mini --size mini --runs ar --epochs 1,2,3,4,6,8  # a pilot
 
 Stage by stage (one entry of `--epochs` at a time, in order), each run of configs/epoch_study.py is trained up to that
 many epochs of the training split (`train` resumes its workdir with a larger `train.num_steps`; the constant learning
@@ -50,7 +51,7 @@ def run_command(args: list[str], log: pathlib.Path) -> str:
 class Study:
     """What the study needs from the configs: steps per epoch and training FLOPs per step of each run."""
 
-    def __init__(self, root: pathlib.Path, overrides: list[str]):
+    def __init__(self, root: pathlib.Path, overrides: list[str], size: str = "quickstart"):
         import ast
         import tempfile
 
@@ -69,10 +70,10 @@ class Study:
         for item in overrides:
             key, _, value = item.removeprefix("--config.").partition("=")
             parsed[key] = typed(value)
-        self.root, self.overrides = root, overrides
+        self.root, self.overrides, self.size = root, overrides, size
         self.configs, self.flops_per_step = {}, {}
         for kind in KINDS:
-            config = cli.override(cli.load_config_file(str(REPO / "configs" / f"epoch_study.py:{kind}")), parsed)
+            config = cli.override(cli.load_config_file(str(REPO / "configs" / f"epoch_study.py:{kind},{size}")), parsed)
             config.init.kind = "scratch"  # only the shapes are needed here, not the AR run's weights
             with tempfile.TemporaryDirectory() as tmp:
                 exp = exp_lib.build(config, tmp)
@@ -87,7 +88,8 @@ class Study:
         return max(1, int(round(epochs * self.sequences / self.configs[kind].data.batch_size)))
 
     def train(self, kind: str, steps: int, log: pathlib.Path, init_from: str = "") -> None:
-        args = ["hackable_diffusion.train", f"--config=configs/epoch_study.py:{kind}", f"--workdir={self.root / kind}"]
+        config = f"--config=configs/epoch_study.py:{kind},{self.size}"
+        args = ["hackable_diffusion.train", config, f"--workdir={self.root / kind}"]
         args += [f"--config.train.num_steps={steps}", *self.overrides]
         if init_from:
             args.append(f"--config.init.checkpoint={init_from}")
@@ -113,12 +115,18 @@ def run_study(args) -> None:
         raise SystemExit(
             f"error: --epochs must be increasing and contain --adapt_from_epoch={args.adapt_from_epoch}, got {epochs}."
         )
-    study = Study(root, args.override)
+    runs = [kind for kind in args.runs.split(",") if kind]
+    if not runs or set(runs) - set(KINDS) or ("adapted" in runs and "ar" not in runs):
+        raise SystemExit(
+            f"error: --runs must name runs of {KINDS} (the adapted run needs the AR run), got {args.runs!r}."
+        )
+    study = Study(root, args.override, args.size)
     done = {(r["run"], r["epochs"]) for r in read_rows(root)}
     log = root / "study.log"
     for stage in epochs:
         order = ["adapted", "ar", "masking"] if stage > args.adapt_from_epoch else ["ar", "masking"]
-        for kind in order:  # the adapted run starts before the AR run moves past its starting epoch
+        # the adapted run starts before the AR run moves past its starting epoch
+        for kind in (k for k in order if k in runs):
             if (kind, stage) in done:
                 continue
             start = time.time()
@@ -198,6 +206,8 @@ def main():
         "--override", action="append", default=[], help="--config.KEY=VALUE passed to every train (e.g. a tiny model)"
     )
     parser.add_argument("--plot", default="", help="draw ROOT/rows.jsonl into this PNG instead of training")
+    parser.add_argument("--size", default="quickstart", help="configs/epoch_study.py's backbone: quickstart | mini")
+    parser.add_argument("--runs", default=",".join(KINDS), help="the runs to train, of ar,masking,adapted")
     args = parser.parse_args()
     plot(args) if args.plot else run_study(args)
 

@@ -58,7 +58,7 @@ def test_stages_order_steps_flops_and_resume(study, tmp_path):
     # masking runs two passes per token, AR one; the adapted run counts the AR epoch it started from
     assert by[("masking", 1.0)]["train_flops"] == pytest.approx(2 * by[("ar", 1.0)]["train_flops"])
     assert by[("adapted", 2.0)]["train_flops"] == pytest.approx(by[("ar", 1.0)]["train_flops"] * 3)
-    adapted_train = next(c for c in calls if "--config=configs/epoch_study.py:adapted" in c)
+    adapted_train = next(c for c in calls if "--config=configs/epoch_study.py:adapted,quickstart" in c)
     assert f"--config.init.checkpoint={tmp_path / 'ar'}" in adapted_train
     count = len(calls)
     assert run(module, tmp_path, "1,2") == rows and len(calls) == count  # everything done: nothing runs again
@@ -74,3 +74,24 @@ def test_refuses_an_ar_run_past_the_adapted_start(study, tmp_path):
         run(module, tmp_path, "1,2,4", adapt_from=2.0)
     with pytest.raises(SystemExit, match="must be increasing"):
         run(module, tmp_path, "2,1", adapt_from=1.0)
+
+
+def test_a_subset_of_runs_at_another_size(study, tmp_path):
+    module, calls, steps = study
+    old = sys.argv
+    sys.argv = ["epoch_study.py", "--root", str(tmp_path), "--epochs", "1,2", "--size", "mini", "--runs", "ar"]
+    try:
+        module.main()
+    finally:
+        sys.argv = old
+    rows = module.read_rows(tmp_path)
+    assert [(r["run"], r["epochs"]) for r in rows] == [("ar", 1.0), ("ar", 2.0)]
+    assert all("--config=configs/epoch_study.py:ar,mini" in c for c in calls if c[0] == "hackable_diffusion.train")
+    assert rows[1]["step"] == 2 * rows[0]["step"] > 100  # 8 x 256 characters per step
+    for bad in ("adapted", "ar,cnn", ""):
+        sys.argv = ["epoch_study.py", "--root", str(tmp_path / "x"), "--epochs", "1", "--runs", bad]
+        try:
+            with pytest.raises(SystemExit, match="--runs must name"):
+                module.main()
+        finally:
+            sys.argv = old

@@ -284,7 +284,7 @@ def evaluate_arm(
     from hackable_diffusion.checkpoints import toolbox
     from hackable_diffusion.tasks.countdown import data as data_lib
     from hackable_diffusion.tasks.countdown import problems as problems_lib
-    from hackable_diffusion.tasks.countdown import scoring
+    from hackable_diffusion.tasks.countdown import rewards
     from hackable_diffusion.tasks.countdown.inference import solve_problems
 
     cached = held_out_file(folder, seed, n)
@@ -299,7 +299,7 @@ def evaluate_arm(
     config = exp.config.copy_and_resolve_references()
     config.sampler = sampler
     completions = solve_problems(exp, params, prompts, seed=0, batch_size=batch_size, config=config)
-    correct = scoring.row_rewards(prompts, completions) > 0
+    correct = rewards.row_rewards(prompts, completions) > 0
     keys = json.dumps(problems.problem_keys())
     out = {
         "step": int(at),

@@ -19,7 +19,7 @@ from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.tasks import get_task
 from hackable_diffusion.tasks.countdown import data as data_lib
-from hackable_diffusion.tasks.countdown import evaluation, expressions, problems, scoring, solver
+from hackable_diffusion.tasks.countdown import evaluation, exact_solver, expressions, problems, rewards
 from hackable_diffusion.tasks.countdown.inference import solve_problems
 from hackable_diffusion.tasks.countdown.layouts import CountdownAutoregressiveObjective, layout_of
 from hackable_diffusion.tasks.countdown.task import CountdownTask
@@ -88,17 +88,17 @@ def test_verifier_refuses_garbage_without_raising():
 
 
 def test_solver_finds_short_canonical_answers_and_none_when_unreachable():
-    assert solver.solve((3, 7, 25, 50), 75) == "3*25"  # as few numbers as possible
-    full = solver.solve((3, 7, 25, 50), 75, use_all_numbers=True)
+    assert exact_solver.solve((3, 7, 25, 50), 75) == "3*25"  # as few numbers as possible
+    full = exact_solver.solve((3, 7, 25, 50), 75, use_all_numbers=True)
     assert expressions.verify((3, 7, 25, 50), 75, full) and all(str(n) in full for n in (3, 7, 25, 50))
-    assert solver.solve((50, 25, 7, 3), 75, use_all_numbers=True) == full  # canonical: the order of the numbers
-    assert expressions.verify((1, 3, 4, 6), 24, solver.solve((1, 3, 4, 6), 24, use_all_numbers=True))
-    assert solver.solve((2, 2), 5) is None
-    assert solver.solve((1, 3, 4, 6), 24, use_all_numbers=True, allow_division=False) is None  # needs 6/(1-3/4)
-    assert solver.solve((2, 4), 2, allow_division=False) == "2"
-    assert solver.solve((4, 6), 3, allow_division=False) is None and solver.solve((4, 6), 3) is None
-    values = solver.reachable_values((2, 3))
-    assert set(values) == {5, -1, 1, 6, solver.Fraction(2, 3), solver.Fraction(3, 2)}
+    assert exact_solver.solve((50, 25, 7, 3), 75, use_all_numbers=True) == full  # canonical: the order of the numbers
+    assert expressions.verify((1, 3, 4, 6), 24, exact_solver.solve((1, 3, 4, 6), 24, use_all_numbers=True))
+    assert exact_solver.solve((2, 2), 5) is None
+    assert exact_solver.solve((1, 3, 4, 6), 24, use_all_numbers=True, allow_division=False) is None  # needs 6/(1-3/4)
+    assert exact_solver.solve((2, 4), 2, allow_division=False) == "2"
+    assert exact_solver.solve((4, 6), 3, allow_division=False) is None and exact_solver.solve((4, 6), 3) is None
+    values = exact_solver.reachable_values((2, 3))
+    assert set(values) == {5, -1, 1, 6, exact_solver.Fraction(2, 3), exact_solver.Fraction(3, 2)}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -121,9 +121,9 @@ def test_generator_is_deterministic_and_every_problem_is_solvable(tmp_path):
         numbers, target = made.numbers_of(i), int(made.targets[i])
         assert len(numbers) in (3, 4) and all(1 <= n <= 99 for n in numbers)
         assert 1 <= target <= 99 and target not in numbers
-        assert target in solver.reachable_values(numbers)  # reached with every number
+        assert target in exact_solver.reachable_values(numbers)  # reached with every number
         assert expressions.verify(numbers, target, str(made.solutions[i]))
-        assert solver.solve(numbers, target) == str(made.solutions[i])
+        assert exact_solver.solve(numbers, target) == str(made.solutions[i])
 
     easy = problems.generate_problems(
         30, 1, num_numbers=(3,), number_range=(1, 10), target_range=(1, 20), allow_division=False, cache_dir=None
@@ -164,7 +164,7 @@ def test_reward_equals_the_verifier_on_answers_and_corrupted_answers():
     answers = [a[: C - 1] for a in answers]  # what a completion of C tokens (with its EOS) can hold
     completions = np.stack([vocab.encode_padded(a, C, eos=True) for a in answers])
     repeated = np.repeat(prompts, 8, axis=0)
-    got = scoring.row_rewards(repeated, completions)
+    got = rewards.row_rewards(repeated, completions)
     expected = [
         expressions.reward(made.numbers_of(i // 8), int(made.targets[i // 8]), a) for i, a in enumerate(answers)
     ]

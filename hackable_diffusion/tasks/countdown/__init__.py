@@ -5,6 +5,6 @@
 | `task` | the `Task` the experiment asks for data, evaluation and reports, and the hooks of reinforcement learning |
 | `recipes` | the config builders of the Countdown runs |
 | `vocab`, `layouts`, `data` | the character vocabulary, the two row layouts and their objectives, the cached rows |
-| `problems`, `solver`, `expressions` | seeded solvable problems, the exhaustive solver, the exact verifier |
-| `inference`, `scoring`, `held_out`, `evaluation` | answers from a model, rewards and exact-answer rates, a run's held-out scores, the evaluate command |
+| `problems`, `exact_solver`, `expressions` | seeded solvable problems, the exhaustive solver, the exact verifier |
+| `inference`, `rewards`, `held_out`, `evaluation` | answers from a model, rewards and exact-answer rates, a run's held-out scores, the evaluate command |
 """

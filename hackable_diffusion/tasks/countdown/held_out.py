@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from hackable_diffusion.tasks.countdown import data as data_lib
-from hackable_diffusion.tasks.countdown import scoring
+from hackable_diffusion.tasks.countdown import rewards
 from hackable_diffusion.tasks.countdown.inference import solve_problems_timed
 from hackable_diffusion.tasks.countdown.problems import CountdownProblems
 
@@ -46,8 +46,8 @@ def evaluate_problems(
     config = config or exp.config
     prompts = data_lib.prompt_rows(problems, int(config.data.prompt_len))
     solution = solve_problems_timed(exp, params, prompts, seed=seed, batch_size=batch_size, config=config, warm_up=True)
-    correct = scoring.row_rewards(prompts, solution.completions) > 0
-    out: dict[str, Any] = scoring.accuracy_by_label(correct, problems.labels)
+    correct = rewards.row_rewards(prompts, solution.completions) > 0
+    out: dict[str, Any] = rewards.accuracy_by_label(correct, problems.labels)
     out["forward_passes_per_problem"] = float(solution.forward_passes.mean())
     out["problems_per_second"] = float(len(problems) / max(solution.seconds, 1e-9))
     out["solve_seconds"] = solution.seconds

@@ -3,10 +3,10 @@
 Problem i of a set depends only on (seed, i) (`np.random.default_rng([seed, i])`), never on the batch or worker
 split. It draws how many numbers (uniformly from `num_numbers`), then the numbers (uniformly from `number_range`,
 repeats allowed), then a target uniformly among the integers of `target_range` that an expression over the numbers
-reaches (`solver.reachable_values`: with `use_all_numbers` one that uses every number, the convention of the
+reaches (`exact_solver.reachable_values`: with `use_all_numbers` one that uses every number, the convention of the
 Countdown sets of TinyZero and d1, Zhao et al. 2025; otherwise any of them), never a given number itself; numbers
 that reach no such target are drawn again. So every problem is solvable by construction, and the reference answer is
-`solver.solve`'s canonical expression (checked by the verifier). d1 and TinyZero train on a fixed released set; here
+`exact_solver.solve`'s canonical expression (checked by the verifier). d1 and TinyZero train on a fixed released set; here
 the knobs (how many numbers, their range, the target range, whether division is allowed) set the difficulty, and the
 label of a problem is its number count ("3 numbers").
 
@@ -26,7 +26,7 @@ import pathlib
 import numpy as np
 from jaxtyping import Int
 
-from hackable_diffusion.tasks.countdown import expressions, solver
+from hackable_diffusion.tasks.countdown import exact_solver, expressions
 
 GENERATOR_VERSION = 1  # bump when the generator changes, so that old caches are not reused
 MAX_DRAWS = 1000  # draws of the numbers before a problem is given up (only for knobs that reach almost nothing)
@@ -102,12 +102,12 @@ class CountdownProblems:
 def candidate_targets(numbers: tuple[int, ...], spec: ProblemSpec) -> list[int]:
     """The targets a problem with these numbers may get, ascending (see the module docstring)."""
     if spec.use_all_numbers:
-        values = solver.reachable_values(numbers, allow_division=spec.allow_division)
+        values = exact_solver.reachable_values(numbers, allow_division=spec.allow_division)
     else:
         values = set()
         for mask in range(1, 1 << len(numbers)):
             group = [n for j, n in enumerate(numbers) if mask >> j & 1]
-            values |= solver.reachable_values(group, allow_division=spec.allow_division)
+            values |= exact_solver.reachable_values(group, allow_division=spec.allow_division)
     lo, hi = spec.target_range
     given = set(numbers)
     return sorted(int(v) for v in values if isinstance(v, int) and lo <= v <= hi and v not in given)
@@ -122,7 +122,7 @@ def generate_problem(rng: np.random.Generator, spec: ProblemSpec) -> tuple[tuple
         targets = candidate_targets(numbers, spec)
         if targets:
             target = targets[int(rng.integers(len(targets)))]
-            answer = solver.solve(numbers, target, allow_division=spec.allow_division)
+            answer = exact_solver.solve(numbers, target, allow_division=spec.allow_division)
             if answer is None or not expressions.verify(numbers, target, answer):
                 raise AssertionError(f"the solver's answer {answer!r} to {numbers} -> {target} does not verify")
             return numbers, target, answer

@@ -27,7 +27,7 @@ from jaxtyping import Bool, Float, Int
 
 from hackable_diffusion.data.tokenizers import EOS_ID
 from hackable_diffusion.tasks.countdown import data as data_lib
-from hackable_diffusion.tasks.countdown import evaluation, layouts, scoring
+from hackable_diffusion.tasks.countdown import evaluation, layouts, rewards
 from hackable_diffusion.tasks.countdown.held_out import evaluate_problems, held_out_loss, held_out_scores
 from hackable_diffusion.tasks.countdown.inference import solve_problems
 from hackable_diffusion.tasks.countdown.recipes import countdown_config
@@ -113,7 +113,7 @@ class CountdownTask:
 
     def reward(self, prompts: Int[np.ndarray, "n p"], completions: Int[np.ndarray, "n c"]) -> Float[np.ndarray, " n"]:
         """1.0 for an exact answer, 0.0 otherwise (malformed included); float32, never raises on token content."""
-        return scoring.row_rewards(prompts, completions)
+        return rewards.row_rewards(prompts, completions)
 
     def policy_rows(
         self, exp: Experiment, prompts: Int[np.ndarray, "n p"], completions: Int[np.ndarray, "n c"]

@@ -6,7 +6,7 @@
       --workdir runs/distill_consistency
   python -m hackable_diffusion.distill --config configs/distill_shakespeare_masking.py:reverse_kl \
       --workdir runs/distill_reverse_kl --config.sampler.selection.min_count=even --config.distill.shared_noise=True
-  python experiments/steps_frontier.py --teacher runs/shakespeare_masking --ar runs/shakespeare_ar \
+  python experiments/distill/steps_frontier.py --teacher runs/shakespeare_masking --ar runs/shakespeare_ar \
       --students runs/distill:trajectory,runs/distill_consistency:consistency
 
 The student inherits the teacher run's data, diffusion recipe and sampler (docs/distillation.md); its config.json

@@ -4,7 +4,7 @@
   python -m hackable_diffusion.train --config configs/shakespeare_uniform.py --workdir runs/shakespeare_uniform
   python -m hackable_diffusion.distill --config configs/distill_shakespeare_uniform.py --workdir runs/distill_uniform \
       --config.sampler.selection.min_count=even
-  python experiments/steps_frontier.py --teacher runs/shakespeare_uniform --ar runs/shakespeare_ar --min_count even \
+  python experiments/distill/steps_frontier.py --teacher runs/shakespeare_uniform --ar runs/shakespeare_ar --min_count even \
       --students runs/distill_uniform:masking_student --steps 1,2,4,16
 
 The default (`masking_student`, the best 4-step student of this teacher measured) trains a masking model of the

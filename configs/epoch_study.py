@@ -2,7 +2,7 @@
 settings"): one small model trained for many epochs over tiny Shakespeare as AR, as block masking from scratch, and
 as block masking adapted from the AR run, to see whether and when diffusion overtakes AR as the data repeats.
 
-  python experiments/epoch_study.py --root runs/epoch_study --epochs 1,2,4,8,16,32,64
+  python experiments/likelihood/epoch_study.py --root runs/epoch_study --epochs 1,2,4,8,16,32,64
 
 The argument picks the run, "ar", "masking" or "adapted" (masking with the token shift, started from the AR run's
 weights, `--config.init.checkpoint` = the AR workdir; the study script sets it), and optionally the size after a comma

@@ -1,5 +1,5 @@
 """The autoregressive run of the quickstart's size: the scorer of the quickstart's samples (generative perplexity,
-e.g. in experiments/steps_frontier.py) and its AR baseline.
+e.g. in experiments/distill/steps_frontier.py) and its AR baseline.
 
   python -m hackable_diffusion.train --config configs/quickstart_ar.py --workdir runs/quickstart_ar
 

@@ -9,7 +9,7 @@
 diffu-GRPO on the masking run. Rollouts: the run's own sampler at temperature 0.7, K = 8 problems x G = 8 answers,
 two updates per rollout; reward 1 for an expression that reaches the target with the given numbers, else 0.
 Measured after 100 steps (3,200 completions; results/rl/README.md, "Countdown"), 955 held-out problems: AR 30.2% ->
-31.4% with the paper's estimator, below continued SFT's 35.1% at equal training FLOPs (experiments/rl_vs_sft.py);
+31.4% with the paper's estimator, below continued SFT's 35.1% at equal training FLOPs (experiments/rl/rl_vs_sft.py);
 masking 9.4% -> 9.5% (diffu-GRPO) and 10.3% (`--config.rl.objective=wd1`), neither distinguishable from no change.
 """
 

@@ -6,7 +6,7 @@
       --config.solver.parallel_attempts=4
 
 The training set is configs/sudoku_hard.py's (20,000 puzzles with 22-40 givens, every row under a random Sudoku
-symmetry) plus the cached hard set of `experiments/sudoku_hard_sets.py` (20,000 puzzles with 22-36 givens and at
+symmetry) plus the cached hard set of `experiments/sudoku/sudoku_hard_sets.py` (20,000 puzzles with 22-36 givens and at
 least 10 guesses of the plain depth-first rule), of which only those with at most 99 guesses are kept: the model
 trains on the bands 0-99 and is tested on the held-out set's >= 100 (results/sudoku, "Difficulty and hard puzzles").
 The same looped 4.54M-parameter model and optimiser, 1,600 steps.

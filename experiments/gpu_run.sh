@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared GPU run of the decode benchmark: install the CUDA extra into its own virtual environment, record the
-# device, driver and versions, then run experiments/decode_bench.py at a mid-size preset and at the
+# device, driver and versions, then run experiments/speed/decode_bench.py at a mid-size preset and at the
 # DiffusionGemma 26B-A4B shape (bf16 random weights created on the device, then FP8 weight-only), writing everything
 # under $OUT.
 #
@@ -28,6 +28,6 @@ else
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia_smi.csv" || true
 fi
 "$PY" -c "import jax, jaxlib, json; d = jax.devices()[0]; print(json.dumps({'jax': jax.__version__, 'jaxlib': jaxlib.__version__, 'platform': d.platform, 'device': d.device_kind, 'count': jax.device_count()}))" | tee "$OUT/versions.json"
-"$PY" experiments/decode_bench.py "${MID[@]}" --steps "$STEPS" --out "$OUT" 2>&1 | tee "$OUT/mid.log"
-"$PY" experiments/decode_bench.py "${BIG[@]}" --steps "$STEPS" --weights native,fp8 --out "$OUT" 2>&1 | tee "$OUT/big.log"
+"$PY" experiments/speed/decode_bench.py "${MID[@]}" --steps "$STEPS" --out "$OUT" 2>&1 | tee "$OUT/mid.log"
+"$PY" experiments/speed/decode_bench.py "${BIG[@]}" --steps "$STEPS" --weights native,fp8 --out "$OUT" 2>&1 | tee "$OUT/big.log"
 echo "done: $OUT/decode_bench.jsonl and $OUT/decode_bench.md"

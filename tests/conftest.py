@@ -35,8 +35,10 @@ os.environ.pop("HD_COMPILATION_CACHE", None)  # a user's own setting would send 
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
-# experiments/ holds experiment-only modules that tests check too (enumerable_toy, noise_level_analysis)
-sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
+# experiments/ holds experiment-only modules that tests check too (enumerable_toy, noise_level_analysis, the tooling)
+for _folder in sorted((pathlib.Path(__file__).resolve().parents[1] / "experiments").iterdir()):  # topic folders
+    if _folder.is_dir() and _folder.name != "__pycache__":
+        sys.path.append(str(_folder))
 
 import _hypothesis_profiles  # noqa: E402,F401  (registers and loads the `ci` / `thorough` profiles)
 from _tiny_configs import TRAIN_OUTPUT  # noqa: E402

@@ -41,8 +41,8 @@ Deliberate choices and caveats (each JSON line says which were used):
     bytes(G) = fixed + G * per_group (the `params` line gives both); `--num_layers 6` compiles one full-width group.
 
 `layout.py` holds the settings, the sharded abstract state and the byte bookkeeping; `programs.py` compiles the
-programs and summarises them (`run`). `experiments/aot_26b.py` is the command line for the 26B-A4B model.
+programs and summarises them (`run`). `experiments/speed/aot_26b.py` is the command line for the 26B-A4B model.
 
 The decode programs' cost model is `costs.py` (analytic FLOP and byte counts), `roofline.py` (step times on published
-GPU peaks) and `xla_counts.py` (XLA's counts of the compiled programs); `experiments/gpu_cost_model.py` runs it.
+GPU peaks) and `xla_counts.py` (XLA's counts of the compiled programs); `experiments/speed/gpu_cost_model.py` runs it.
 """

@@ -2,7 +2,7 @@
 published GPU peaks are `roofline.py`; XLA's own counts of the compiled programs, `xla_counts.py`.
 
 What it follows:
-  * The counts of `experiments/decode_bench.py` (`weight_bytes`, `kv_bytes`, `forward_flops`): FLOPs are 2 x the
+  * The counts of `experiments/speed/decode_bench.py` (`weight_bytes`, `kv_bytes`, `forward_flops`): FLOPs are 2 x the
     matmul parameters a token passes through (the tied output head included) plus attention (QK^T and PV over the
     keys each query sees), bytes are the weights a program touches plus the KV cache it reads. For a mixture of
     experts, `tokens` routed tokens reach an expected fraction 1 - (1 - k/E)^tokens of each layer's experts.

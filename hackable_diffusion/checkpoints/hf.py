@@ -4,7 +4,7 @@ Reads and writes the directory layout `transformers` uses: its files are `hf_fil
 tensor at a time), the config half is `hf_config.py`.
 Follows `transformers` 5.23's `DiffusionGemmaForBlockDiffusion` and `Gemma4ForCausalLM` (`modeling_diffusion_gemma.py`,
 `modeling_gemma4.py`); the names and layouts below were read from that source and checked against checkpoints it
-saves (`experiments/make_hf_fixtures.py`, `tests/models/test_hf_checkpoints.py`); no code of theirs is used.
+saves (`experiments/checkpoints/make_hf_fixtures.py`, `tests/models/test_hf_checkpoints.py`); no code of theirs is used.
 
 The weight mapping (one row per toolbox leaf) is `hf_mapping.py`'s `RULES`; `mapping_table` prints it.
 
@@ -13,7 +13,7 @@ Deliberate choices
 - The text weights are read one tensor at a time (`safe_open`, closed after each read, so no memory map keeps the
   file resident). With a mesh, each leaf is built straight into a sharded `jax.Array` with `make_array_from_callback`:
   a device's slice is cut from the layer's tensor, which is read once for all the devices that need it, so host memory
-  never holds the model twice (`experiments/bench_load.py` measures peak RSS against checkpoint bytes).
+  never holds the model twice (`experiments/training/bench_load.py` measures peak RSS against checkpoint bytes).
 - Strict: a missing or unexpected text tensor, a mis-shaped one, or an encoder copy (DiffusionGemma checkpoints hold
   each `layer_scalar` twice, for the encoder and the decoder stacks) that differs from the decoder's fails by name.
   Vision and audio towers are skipped and counted. `ignore_unexpected=True` tolerates other unknown tensors.

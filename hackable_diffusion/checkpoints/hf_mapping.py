@@ -1,7 +1,7 @@
 """The weight mapping between the toolbox's parameter tree and a Hugging Face DiffusionGemma / Gemma-4 checkpoint.
 
 Follows `transformers` 5.23's `modeling_diffusion_gemma.py` and `modeling_gemma4.py`: the names and layouts were read
-from that source and checked against checkpoints it saves (`experiments/make_hf_fixtures.py`); no code of theirs is
+from that source and checked against checkpoints it saves (`experiments/checkpoints/make_hf_fixtures.py`); no code of theirs is
 used. Mapping (one row of `RULES` per toolbox leaf; `{n}` = layer index, names relative to the text stack, which is
 `model.decoder.` in a DiffusionGemma checkpoint, `model.` in `Gemma4ForCausalLM`, `model.language_model.` in the
 multimodal Gemma-4; torch's Linear stores `(out, in)`; N heads, K KV heads, H head dim of the layer's type, D width,

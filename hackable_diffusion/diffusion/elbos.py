@@ -32,7 +32,7 @@ The path-space KL gives, over positions and t ~ U[0, 1],
   output of a network trained by cross-entropy (DiffusionGemma) is the right input. A perfect data predictor
   (P = onehot(x0)) gives rho^ = rho and a zero integrand, and with P the true p(x0_i | x_t) r^ is the true reverse
   rate (the forward process changes one position at a time, so per-position rates are exact) and the bound is
-  tight: experiments/elbo_toy.py checks both processes on an enumerable distribution.
+  tight: experiments/likelihood/elbo_toy.py checks both processes on an enumerable distribution.
 * Endpoint terms. Schedules are clipped (alpha(0) = 1 - eps, alpha(1) = eps), so a strict bound adds
   `reconstruction_nll` (-log p(x0 | x_{t=0}) under the model's consistent x0 distribution) and `prior_kl`
   (KL(q(x_1 | x0) || p(x_1)) with p(x_1) = alpha(1)/V + (1 - alpha(1)) pi, the t = 1 marginal of uniform-over-V data,

@@ -36,7 +36,7 @@ def weight_first(num_tokens: int) -> bool:
 
     Gemma's FFN weights keep the contracted D axis last. Inside the scanned layer loop XLA:CPU then copies (transposes)
     each layer's sliced weight before every matmul: for a decode step that copy is nearly all of the step's time (see
-    experiments/profile_steps.py). With the weight as the left operand its layout is already the canonical one and
+    experiments/speed/profile_steps.py). With the weight as the left operand its layout is already the canonical one and
     only the small activation is transposed: measured 6x faster for 1 token and 2.4x for 64 tokens over 6 layers,
     but 13% slower for 2048 tokens (training), hence the threshold on the (static) token count.
     """
@@ -48,7 +48,7 @@ def token_einsum(eqn: str, x: Array, w: Array, dtype: Any, token_dims: int = 2) 
 
     `eqn` is written for the flattened x (e.g. "td,fd->tf"). XLA:CPU computes the weight gradient of a
     (b, l, d) x (d, f) product as a dot over two contracting axes, about 2.5x slower than the same product on
-    (b*l, d) (measured by experiments/bench_moe.py's author), so every projection runs on flat tokens.
+    (b*l, d) (measured by experiments/training/bench_moe.py's author), so every projection runs on flat tokens.
     """
     lead = x.shape[:token_dims]
     flat = x.reshape((-1,) + x.shape[token_dims:])

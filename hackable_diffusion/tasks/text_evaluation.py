@@ -134,7 +134,7 @@ def repetition_rate(samples: Sequence[Sequence[Hashable]], n: int = 4) -> float:
 
 
 def diversity(samples: Sequence[Sequence[Hashable]]) -> dict[str, float]:
-    """The diversity figures of generated samples that `experiments/steps_frontier.py` records beside the unigram
+    """The diversity figures of generated samples that `experiments/distill/steps_frontier.py` records beside the unigram
     entropy of `text.generative_perplexity`: bigram and trigram entropy, distinct-2 and -3, seq-rep-4."""
     return {
         "gen_bigram_entropy_bits": ngram_entropy_bits(samples, 2),

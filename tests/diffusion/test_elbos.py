@@ -2,7 +2,7 @@
 
 import math
 
-import enumerable_toy  # experiments/enumerable_toy.py (on sys.path through tests/conftest.py)
+import enumerable_toy  # experiments/likelihood/enumerable_toy.py (on sys.path through tests/conftest.py)
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -13,7 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_decode_bench_prints_a_line_per_step_count_with_bandwidth_and_flop_fractions(tmp_path):
-    args = [sys.executable, "experiments/decode_bench.py", "--model", "tiny", "--prompt", "8", "--canvas", "8"]
+    args = [sys.executable, "experiments/speed/decode_bench.py", "--model", "tiny", "--prompt", "8", "--canvas", "8"]
     args += ["--canvases", "2", "--repeats", "1", "--bandwidth_mib", "16", "--matmul_n", "256", "--steps", "2,3"]
     args += ["--selection", "dilated", "--process", "masking,uniform"]
     run = subprocess.run(
@@ -51,7 +51,7 @@ def test_decode_bench_prints_a_line_per_step_count_with_bandwidth_and_flop_fract
     # FP8 values (1 byte) plus float32 scales, against float32 weights: well under half the bytes per step
     assert fp8[0]["canvas"]["bytes_per_step"] < 0.5 * native[0]["canvas"]["bytes_per_step"]
     bad = subprocess.run(
-        [sys.executable, "experiments/decode_bench.py", "--model", "nope"],
+        [sys.executable, "experiments/speed/decode_bench.py", "--model", "nope"],
         capture_output=True,
         text=True,
         timeout=300,

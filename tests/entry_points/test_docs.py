@@ -4,7 +4,7 @@ module or script that exists and whose flags parse (entry points: `HD_CHECK_FLAG
 line, config overrides included, then exits; experiment scripts: their argparse parser, stopped after parsing), and
 every bold figure of the README's headline table is a figure that the results page of its row states and a number in a
 committed JSON / JSON lines file of that row's results folder, and the README's Measured table is the rendering of
-results/measured.jsonl (experiments/readme_tables.py)."""
+results/measured.jsonl (experiments/tooling/readme_tables.py)."""
 
 import functools
 import json
@@ -16,11 +16,11 @@ import subprocess
 import sys
 
 import pytest
-import readme_tables  # experiments/readme_tables.py: tests/conftest.py puts experiments/ on sys.path
+import readme_tables  # experiments/tooling/readme_tables.py: tests/conftest.py puts its folders on sys.path
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-COMMAND = re.compile(r"python3? (?:-m hackable_diffusion\.\w+|experiments/\w+\.py)\b")
+COMMAND = re.compile(r"python3? (?:-m hackable_diffusion\.\w+|experiments/(?:\w+/)?\w+\.py)\b")
 
 
 def markdown_files(with_results: bool = True) -> list[pathlib.Path]:
@@ -134,7 +134,7 @@ def test_a_bad_command_is_caught(tmp_path):
         "```bash\n"
         "python -m hackable_diffusion.train --config configs/quickstart.py \\\n"
         "    --workdir runs/x --config.train.num_stepz=3   # a misspelt key\n"
-        "python experiments/throughput.py --quick --no_such_flag\n"
+        "python experiments/speed/throughput.py --quick --no_such_flag\n"
         "python -m hackable_diffusion.nothing --help\n"
         "```\n"
         "and inline: `python -m hackable_diffusion.sample --workdir runs/x --prompt hi`\n"
@@ -142,7 +142,7 @@ def test_a_bad_command_is_caught(tmp_path):
     commands = quoted_commands(page)
     assert [argv[:3] for argv in commands] == [
         ["python", "-m", "hackable_diffusion.train"],
-        ["python", "experiments/throughput.py", "--quick"],
+        ["python", "experiments/speed/throughput.py", "--quick"],
         ["python", "-m", "hackable_diffusion.nothing"],
         ["python", "-m", "hackable_diffusion.sample"],
     ]
@@ -351,7 +351,7 @@ def test_a_headline_figure_without_json_is_caught(tmp_path):
 
 def test_the_measured_table_is_rendered_from_results():
     assert readme_tables.rendered_readme() == (REPO / "README.md").read_text(), (
-        "README.md's Measured table differs from results/measured.jsonl: run python experiments/readme_tables.py"
+        "README.md's Measured table differs from results/measured.jsonl: run python experiments/tooling/readme_tables.py"
     )
 
 
@@ -494,11 +494,13 @@ def test_a_stale_prose_reference_is_caught(tmp_path):
 
 
 def unindexed_experiments(root: pathlib.Path = REPO) -> list[str]:
-    """Files in experiments/ that its README's index does not name (as `file` at the start of a table cell)."""
+    """Files under experiments/ that its README's index does not name (as `folder/file` at the start of a table cell;
+    the scripts live in topic folders, the index's sections)."""
     index = (root / "experiments" / "README.md").read_text()
-    named = set(re.findall(r"^\| `([\w.]+)", index, flags=re.M))
-    files = {p.name for p in (root / "experiments").iterdir() if p.is_file() and p.name != "README.md"}
-    return sorted(files - named)
+    named = set(re.findall(r"^\| `([\w./]+)", index, flags=re.M))
+    folder = root / "experiments"
+    files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    return sorted(files - named - {"README.md"})
 
 
 def test_every_experiment_is_in_the_index():
@@ -507,10 +509,11 @@ def test_every_experiment_is_in_the_index():
 
 def test_an_unindexed_experiment_is_caught(tmp_path):
     (tmp_path / "experiments").mkdir()
-    (tmp_path / "experiments" / "README.md").write_text("| `listed.py` | x | - |\n")
-    (tmp_path / "experiments" / "listed.py").write_text("")
-    (tmp_path / "experiments" / "new_bench.py").write_text("")
-    assert unindexed_experiments(tmp_path) == ["new_bench.py"]
+    (tmp_path / "experiments" / "speed").mkdir()
+    (tmp_path / "experiments" / "README.md").write_text("| `speed/listed.py` | x | - |\n")
+    (tmp_path / "experiments" / "speed" / "listed.py").write_text("")
+    (tmp_path / "experiments" / "speed" / "new_bench.py").write_text("")
+    assert unindexed_experiments(tmp_path) == ["speed/new_bench.py"]
 
 
 def undocumented_packages(root: pathlib.Path = REPO) -> list[str]:

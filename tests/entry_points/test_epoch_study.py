@@ -1,4 +1,4 @@
-"""experiments/epoch_study.py's bookkeeping, with `train` and `evaluate` replaced by recorders: stage order (the
+"""experiments/likelihood/epoch_study.py's bookkeeping, with `train` and `evaluate` replaced by recorders: stage order (the
 adapted run starts before the AR run moves on), step counts per epoch, FLOPs, rows, resuming, and the refusal to
 start the adapted run from an AR run that has moved past its starting epoch."""
 
@@ -15,7 +15,7 @@ TINY = ["--config.data.seq_len=32", "--config.data.batch_size=8", "--config.diff
 
 @pytest.fixture
 def study(monkeypatch):
-    spec = importlib.util.spec_from_file_location("epoch_study", REPO / "experiments" / "epoch_study.py")
+    spec = importlib.util.spec_from_file_location("epoch_study", REPO / "experiments" / "likelihood" / "epoch_study.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     calls, steps = [], {}

@@ -1,4 +1,4 @@
-"""experiments/mutation_score.py's bookkeeping on a toy module (no jax, no pytest runs): which mutants it makes and how
+"""experiments/tooling/mutation_score.py's bookkeeping on a toy module (no jax, no pytest runs): which mutants it makes and how
 it names them, which tests a mutant runs, the deterministic sample, the counts and score, the declared equivalents
 (the committed file included), and which toolbox modules must be imported fresh per mutant."""
 

@@ -1,4 +1,4 @@
-"""experiments/plot_frontier.py: a student's frontier against the teacher's at equal bigram entropy, on synthetic
+"""experiments/distill/plot_frontier.py: a student's frontier against the teacher's at equal bigram entropy, on synthetic
 frontiers with hand-computed excesses; rows pooled only from one prompt set; the plot and rows file it writes."""
 
 import json
@@ -56,7 +56,7 @@ def test_partial_overlap_single_points_and_disjoint_frontiers():
 
 
 def rows_file(path, seed, rows):
-    command = f"python experiments/steps_frontier.py --teacher=runs/t --ar=runs/ar --num_prompts=8 --seed={seed}"
+    command = f"python experiments/distill/steps_frontier.py --teacher=runs/t --ar=runs/ar --num_prompts=8 --seed={seed}"
     path.write_text("\n".join(json.dumps(r) for r in [{"command": command}, *rows]) + "\n")
     return path
 
@@ -99,7 +99,7 @@ def test_the_command_writes_the_plot_and_one_row_per_student(tmp_path, capsys):
     results = main(["--rows", str(a), "--teacher", "teacher@16", "--students", "s@4,s@2", "--out", str(out)])
     assert (tmp_path / "plots" / "frontier.png").stat().st_size
     lines = [json.loads(line) for line in (tmp_path / "plots" / "frontier.jsonl").read_text().splitlines()]
-    assert lines[0]["command"].startswith("python experiments/plot_frontier.py --rows=")
+    assert lines[0]["command"].startswith("python experiments/distill/plot_frontier.py --rows=")
     assert lines[1:] == results
     assert results[0]["worst_excess"] == pytest.approx(15.0 / math.sqrt(200) - 1) and not results[0]["meets"]
     assert results[1]["worst_excess"] is None and results[1]["overlap_bits"] is None

@@ -1,4 +1,4 @@
-"""experiments/rl_vs_sft.py: the statistics against hand computations, the FLOP count, the wall-budget bookkeeping,
+"""experiments/rl/rl_vs_sft.py: the statistics against hand computations, the FLOP count, the wall-budget bookkeeping,
 and the study end to end on a tiny Countdown AR run (arms trained, matched on FLOPs, evaluated, resumed)."""
 
 import json

@@ -1,4 +1,4 @@
-"""experiments/steps_frontier.py end to end on the shared tiny runs: a row per model and budget with its diversity
+"""experiments/distill/steps_frontier.py end to end on the shared tiny runs: a row per model and budget with its diversity
 figures, the cooled teacher's rows at their own temperatures, the teacher under another selection rule, the plots,
 each model's worst excess over the teacher's frontier, and a malformed schedule refused in one line."""
 
@@ -51,7 +51,7 @@ def test_every_model_and_budget_is_matched_against_the_teacher_at_its_largest_bu
 @pytest.mark.slow
 def test_the_frontier_measures_the_teacher_cooled_beside_itself(trained_text_runs, tmp_path):
     out = tmp_path / "frontier.v2"  # a dot in the name is kept, not taken for a suffix
-    args = [sys.executable, "experiments/steps_frontier.py", "--teacher", str(trained_text_runs["masking"])]
+    args = [sys.executable, "experiments/distill/steps_frontier.py", "--teacher", str(trained_text_runs["masking"])]
     args += ["--ar", str(trained_text_runs["none"]), "--steps", "1,2", "--num_prompts", "2", "--prompt_len", "8"]
     args += ["--new_tokens", "8", "--min_count", "even", "--teacher_rules", "dilated", "--cooled", "0.5/0.25^0.5"]
     args += ["--out", str(out)]

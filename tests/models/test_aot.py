@@ -1,7 +1,7 @@
 """AOT compilation (`hackable_diffusion/aot/`) on the tiny preset: every program lowers and compiles on an 8-device
 fsdp x expert mesh.
 
-The full-size run (26B-A4B) is experiments/aot_26b.py; here the same code paths compile a tiny model with every
+The full-size run (26B-A4B) is experiments/speed/aot_26b.py; here the same code paths compile a tiny model with every
 feature on (MoE, K=V globals, self-conditioning) in seconds, and the bookkeeping is checked exactly.
 """
 

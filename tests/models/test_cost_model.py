@@ -1,5 +1,5 @@
 """The GPU cost model (`hackable_diffusion/aot/costs.py`, `roofline.py`, `xla_counts.py`; run for 26B-A4B by
-experiments/gpu_cost_model.py) on small models: XLA's cost analysis of the compiled decode programs against the
+experiments/speed/gpu_cost_model.py) on small models: XLA's cost analysis of the compiled decode programs against the
 analytic counts, the MoE dispatches' expert rows as XLA:CPU compiles them, the roofline formula, and the published
 hardware table's sources.
 

@@ -1,5 +1,5 @@
 """Hugging Face checkpoints: parity with `transformers` on tiny checkpoints it saved (tests/fixtures/hf_*, made by
-experiments/make_hf_fixtures.py), the two decoder-window conventions, the config mapping and its refusals, strict
+experiments/checkpoints/make_hf_fixtures.py), the two decoder-window conventions, the config mapping and its refusals, strict
 loading, sharded loading, saving and bit-exact round trips, the tokenizers, and the sampler pieces."""
 
 from hackable_diffusion import sft

@@ -2,14 +2,14 @@
 trained (its tokenizer's vocabulary, its context, its decoder-window convention), the tokenizer is exported, and the
 toolbox's own `load_hf` of the export gives the run's logits, encoder and canvas, with a prompt longer than the
 sliding window. With `transformers` importable (`pip install -e '.[interop]'`) the same directories are loaded by it
-and compared (experiments/hf_interop.py); without it those tests are skipped."""
+and compared (experiments/checkpoints/hf_interop.py); without it those tests are skipped."""
 
 import json
 import pathlib
 
 import pytest
 
-import hf_interop  # experiments/hf_interop.py
+import hf_interop  # experiments/checkpoints/hf_interop.py
 from _tiny_configs import tiny_text_config
 from hackable_diffusion import convert
 from hackable_diffusion.checkpoints import hf as H

@@ -235,7 +235,7 @@ def test_train_solve_and_evaluate_end_to_end(tmp_path, monkeypatch, capsys):
     import runpy
     import sys
 
-    script = str(pathlib.Path(__file__).parents[2] / "experiments" / "sudoku_samplers.py")
+    script = str(pathlib.Path(__file__).parents[2] / "experiments" / "sudoku" / "sudoku_samplers.py")
     out_dir = tmp_path / "table"
     common = ["--workdir", workdir, "--ar_workdir", "", "--kaggle", "", "--num", "4", "--out", str(out_dir)]
     monkeypatch.setattr(sys, "argv", ["sudoku_samplers.py", *common, "--settings", "4,16"])

@@ -254,11 +254,8 @@ def method_settings() -> dict[str, object]:
     `config.distill` section may hold for them."""
     settings: dict[str, object] = {}
     for cls in METHODS.values():
-        for field in dataclasses.fields(cls):
-            if field.default is not dataclasses.MISSING:
-                settings.setdefault(field.name, field.default)
-            else:
-                settings.setdefault(field.name, None)
+        for field in dataclasses.fields(cls):  # a field without a default (student_steps) is the run's key: None
+            settings.setdefault(field.name, None if field.default is dataclasses.MISSING else field.default)
     return settings
 
 

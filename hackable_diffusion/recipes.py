@@ -143,6 +143,7 @@ def base_config() -> ml_collections.ConfigDict:
             seq_len=128,
             batch_size=16,  # per process
             data_dir="",  # "" = the files shipped with the package, then $HD_DATA_DIR (data.text.data_file)
+            train_fraction=1.0,  # text: train on this leading share of the training split (data-constrained studies)
         )
     )
     c.diffusion = ml_collections.ConfigDict(

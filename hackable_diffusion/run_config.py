@@ -78,11 +78,13 @@ class RunMismatchError(ValueError):
 
 
 def _data_keys(config: ml_collections.ConfigDict) -> dict:
-    """The data settings a run's saved tokenizer and data were made with (text: the corpus and the tokenizer)."""
+    """The data settings a run's saved tokenizer and data were made with (text: the corpus, the tokenizer and the
+    share of the training split)."""
     d = config.get("data", {})
     keys = {"task": d.get("task", "text")}
     if keys["task"] == "text":
         keys.update(corpus=d.get("corpus"), tokenizer=d.get("tokenizer"), vocab_size=d.get("vocab_size", 0) or 0)
+        keys.update(train_fraction=float(d.get("train_fraction", 1.0)))
     return keys
 
 

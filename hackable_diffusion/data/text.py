@@ -390,6 +390,7 @@ def build_text_data(
     model_type: str = "bpe",
     seed: int = 0,
     data_dir: str | os.PathLike | None = None,
+    train_fraction: float = 1.0,
 ) -> TextData:
     """Tokenizer + packed sequences for ``corpus`` in {"shakespeare", "ptb"} with a "char" or "spm" tokenizer.
 
@@ -397,7 +398,11 @@ def build_text_data(
     exists it is reloaded instead (so training, sampling and evaluation share one tokenizer). Token streams are
     cached in ``workdir/data_cache/``. ``eval_split`` defaults to "validation" (Shakespeare) / "valid" (PTB).
     For ``tokenizer_kind="char"``, ``vocab_size`` may be None (the corpus decides the size).
+    ``train_fraction`` < 1 keeps only that leading share of the training split's tokens (a data-constrained run); the
+    tokenizer is still fitted on the whole split, so runs with different fractions share one vocabulary.
     """
+    if not 0.0 < train_fraction <= 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1], got {train_fraction}.")
     if corpus not in CORPORA:
         raise ValueError(f"corpus must be one of {CORPORA}, got {corpus!r}.")
     if tokenizer_kind not in TOKENIZER_KINDS:
@@ -437,6 +442,7 @@ def build_text_data(
         )
 
     train_stream = stream_of("train", train_texts)
+    train_stream = train_stream[: max(seq_len, int(round(train_fraction * train_stream.shape[0])))]
     eval_stream = stream_of(eval_split, eval_texts)
     return TextData(
         tokenizer=tokenizer,

@@ -33,16 +33,27 @@ class TextTask:
     def check_config(self, config: ml_collections.ConfigDict) -> None:
         d = config.data
         text_lib.check_corpus(d.corpus, d.tokenizer, d.data_dir or None)
+        if not 0.0 < d.get("train_fraction", 1.0) <= 1.0:
+            raise ValueError(
+                f"data.train_fraction must be in (0, 1] (the leading share of the training split to train on), got "
+                f"{d.train_fraction}."
+            )
 
     def upgrade_saved_config(self, config: ml_collections.ConfigDict) -> None:
-        pass  # no task-specific keys have changed
+        pass  # no task-specific keys have changed (a run saved before `data.train_fraction` reads as 1.0)
 
     def build_data(self, config: ml_collections.ConfigDict, workdir: str):
         if is_sft(config):  # prompt -> response examples (tasks/text_sft.py)
             return text_sft.build_sft_data(config, workdir)
         d = config.data
         return text_lib.build_text_data(
-            d.corpus, d.tokenizer, d.vocab_size or None, d.seq_len, workdir, data_dir=d.data_dir or None
+            d.corpus,
+            d.tokenizer,
+            d.vocab_size or None,
+            d.seq_len,
+            workdir,
+            data_dir=d.data_dir or None,
+            train_fraction=d.get("train_fraction", 1.0),
         )
 
     def adapt_objective(self, config, model, objective):

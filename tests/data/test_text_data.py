@@ -235,3 +235,17 @@ def test_build_text_data_ptb_spm(tmp_path):
     assert reloaded.tokenizer.model_proto == data.tokenizer.model_proto
     np.testing.assert_array_equal(reloaded.eval_sequences, data.eval_sequences)
     assert data.tokenizer.decode(eval_stream) == valid[0]
+
+
+def test_train_fraction_keeps_the_leading_share_of_the_training_split_and_one_vocabulary(tmp_path):
+    """A data-constrained run trains on the first 10% of the training split's tokens, with the whole split's tokenizer
+    (so runs of any fraction share one vocabulary), and evaluates on the whole validation split."""
+    whole = text.build_text_data("shakespeare", "char", None, 256, tmp_path / "whole")
+    tenth = text.build_text_data("shakespeare", "char", None, 256, tmp_path / "tenth", train_fraction=0.1)
+    assert tenth.tokenizer.vocab_size == whole.tokenizer.vocab_size
+    expected_rows = int(round(0.1 * 1_003_854)) // 256
+    assert tenth.train_sequences.shape == (expected_rows, 256)
+    np.testing.assert_array_equal(tenth.train_sequences, whole.train_sequences[:expected_rows])
+    np.testing.assert_array_equal(tenth.eval_sequences, whole.eval_sequences)
+    with pytest.raises(ValueError, match="train_fraction"):
+        text.build_text_data("shakespeare", "char", None, 256, tmp_path / "none", train_fraction=0.0)

@@ -173,3 +173,32 @@ def quickstart(vocab_size: int = 128) -> dict[str, Any]:
         param_dtype="float32",
         compute_dtype="float32",
     )
+
+
+def puzzle(vocab_size: int, sequence_length: int, **overrides: Any) -> dict[str, Any]:
+    """The puzzle tasks' backbone (Sudoku, Countdown), about 4.5M parameters: 6 global layers (a puzzle's rows need no
+    sliding window; the window is set to the row length), d 256, 8 heads of 32 with separate K and V, dense gated-GELU
+    FFN of 640, full RoPE (the reference rotates a quarter of the global head; without absolute positions a cell's
+    place has to come from them), float32. Bidirectional or causal is the objective's choice; `overrides` adds a task's
+    priors (e.g. Sudoku's grid embeddings)."""
+    return derived(
+        vocab_size=vocab_size,
+        embed_dim=256,
+        num_layers=6,
+        num_heads=8,
+        head_dim=32,
+        num_kv_heads=8,
+        ffw_hidden=640,
+        layer_pattern=("global",),
+        sliding_window=sequence_length,
+        global_head_dim=32,
+        global_num_kv_heads=8,
+        k_eq_v_global=False,
+        rope_global_base=10_000.0,
+        rope_global_proportion=1.0,
+        moe=None,
+        param_dtype="float32",
+        compute_dtype="float32",
+        self_conditioning=False,
+        **overrides,
+    )

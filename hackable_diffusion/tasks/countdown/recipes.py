@@ -24,26 +24,7 @@ def countdown_model(vocab_size: int = 22) -> dict[str, Any]:
     """The backbone of the Sudoku recipe without its grid prior: 6 global layers, d 256, 8 heads of 32, dense
     gated-GELU FFN of 640, full RoPE, float32; about 4.5M parameters. Bidirectional or causal is the objective's
     choice (in place: bidirectional; AR: causal)."""
-    return presets.derived(
-        vocab_size=vocab_size,
-        embed_dim=256,
-        num_layers=6,
-        num_heads=8,
-        head_dim=32,
-        num_kv_heads=8,
-        ffw_hidden=640,
-        layer_pattern=("global",),
-        sliding_window=PROMPT_LEN + COMPLETION_LEN,
-        global_head_dim=32,
-        global_num_kv_heads=8,
-        k_eq_v_global=False,
-        rope_global_base=10_000.0,
-        rope_global_proportion=1.0,
-        moe=None,
-        param_dtype="float32",
-        compute_dtype="float32",
-        self_conditioning=False,
-    )
+    return presets.puzzle(vocab_size, PROMPT_LEN + COMPLETION_LEN)
 
 
 def countdown_config(

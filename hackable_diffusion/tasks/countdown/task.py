@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, ClassVar
 
-import jax
 import ml_collections
 import numpy as np
 from jaxtyping import Bool, Float, Int
@@ -31,53 +30,30 @@ from hackable_diffusion.tasks.countdown import evaluation, layouts, rewards
 from hackable_diffusion.tasks.countdown.held_out import evaluate_problems, held_out_loss, held_out_scores
 from hackable_diffusion.tasks.countdown.inference import solve_problems
 from hackable_diffusion.tasks.countdown.recipes import countdown_config
+from hackable_diffusion.tasks.puzzle_task import PuzzleTask
 
 if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment
 
 
 @dataclasses.dataclass(frozen=True)
-class CountdownTask:
-    name: str = "countdown"
+class CountdownTask(PuzzleTask):
+    name: ClassVar[str] = "countdown"
+    layouts: ClassVar = layouts
+    data: ClassVar = data_lib
+    evaluation: ClassVar = evaluation
+    eval_count_key: ClassVar[str] = "num_problems"
     completion_end_id: ClassVar[int] = EOS_ID  # `CutsCompletionsAtEos`: a completion ends at its first EOS
 
-    def check_config(self, config: ml_collections.ConfigDict) -> None:
-        layouts.check_layout(config)
-        data_lib.check_data_config(config)
+    def check_sampler(self, config: ml_collections.ConfigDict) -> None:
         if int(config.sampler.num_steps) < 1:
             raise ValueError(f"config.sampler.num_steps={config.sampler.num_steps} must be >= 1.")
 
-    def upgrade_saved_config(self, config: ml_collections.ConfigDict) -> None:
-        pass  # no Countdown key has changed since the task was added
+    def held_out_loss(self, exp: Experiment, params, num_batches: int) -> dict:
+        return held_out_loss(exp, params, num_batches=num_batches)
 
-    def build_data(self, config: ml_collections.ConfigDict, workdir: str) -> data_lib.CountdownData:
-        layouts.check_layout(config)
-        return data_lib.build_data(config)
-
-    def adapt_objective(self, config, model, objective):
-        return layouts.adapt_objective(config, model, objective)
-
-    def train_iterator(self, exp: Experiment, process_index: int, process_count: int):
-        return data_lib.make_train_iterator(
-            exp.data.train_tokens,
-            exp.data.train_fixed,
-            exp.config.data.batch_size,
-            exp.config.seed,
-            process_index=process_index,
-            process_count=process_count,
-        )
-
-    def eval_fn(self, exp: Experiment, workdir: str):
-        config = exp.config
-
-        def evaluate(params, ema_params):
-            use = ema_params if ema_params is not None else params
-            out = held_out_loss(exp, use, num_batches=config.eval.num_batches)
-            if config.eval.num_problems and jax.process_count() == 1:
-                out.update(held_out_scores(exp, use, config.eval.num_problems))
-            return {k: v for k, v in out.items() if isinstance(v, (int, float))}
-
-        return evaluate
+    def held_out_scores(self, exp: Experiment, params, num: int) -> dict:
+        return held_out_scores(exp, params, num)
 
     def report(self, exp: Experiment, params) -> str:
         num = min(exp.config.eval.num_problems or 16, len(exp.data.eval_problems))
@@ -92,12 +68,6 @@ class CountdownTask:
 
     def default_config(self) -> ml_collections.ConfigDict:
         return countdown_config()
-
-    def define_evaluation_flags(self, flag_values) -> None:
-        evaluation.define_flags(flag_values)
-
-    def evaluation_from_flags(self, flag_values):
-        return evaluation.from_flags(flag_values)
 
     # -- reinforcement learning from the verifier: `RewardTask`, `CutsCompletionsAtEos` (tasks/capabilities.py) -----
     def rl_prompts(self, exp: Experiment) -> Int[np.ndarray, "n p"]:

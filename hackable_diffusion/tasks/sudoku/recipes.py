@@ -39,26 +39,10 @@ def sudoku_model(vocab_size: int = 13, grid_side: int = 9, grid_attention_bias: 
     of `model.structure_attention_bias`, heads start assigned round-robin to row, column, box, none). In a 500-step probe (margin 12 on 300 held-out 24-50-givens puzzles): no bias 44.7%
     exact, initial bias 2: 74.3%, 4: 79.7%, 6: 78.3%, 8: 79.0%.
     """
-    return presets.derived(
-        vocab_size=vocab_size,
-        embed_dim=256,
-        num_layers=6,
-        num_heads=8,
-        head_dim=32,
-        num_kv_heads=8,
-        ffw_hidden=640,
-        layer_pattern=("global",),
-        sliding_window=81,
-        global_head_dim=32,
-        global_num_kv_heads=8,
-        k_eq_v_global=False,
-        rope_global_base=10_000.0,
-        rope_global_proportion=1.0,
-        moe=None,
-        param_dtype="float32",
-        compute_dtype="float32",
+    return presets.puzzle(
+        vocab_size,
+        81,
         **grid_prior(grid_side, grid_attention_bias),
-        self_conditioning=False,  # True with diffusion.self_condition_prob > 0: see configs/sudoku.py
         depth_loops=1,  # > 1: the 6 layers applied again, same weights (in-place layout only): configs/sudoku_looped.py
     )
 

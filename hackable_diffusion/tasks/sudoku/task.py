@@ -13,13 +13,13 @@ of 13 ids.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-import jax
 import ml_collections
 import numpy as np
 from jaxtyping import Int
 
+from hackable_diffusion.tasks.puzzle_task import PuzzleTask
 from hackable_diffusion.tasks.sudoku import data as data_lib
 from hackable_diffusion.tasks.sudoku import evaluation, layouts, rewards
 from hackable_diffusion.tasks.sudoku.held_out import evaluate_elbo, held_out_scores
@@ -32,55 +32,30 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
-class SudokuTask:
-    name: str = "sudoku"
+class SudokuTask(PuzzleTask):
+    name: ClassVar[str] = "sudoku"
+    layouts: ClassVar = layouts
+    data: ClassVar = data_lib
+    evaluation: ClassVar = evaluation
+    eval_count_key: ClassVar[str] = "num_puzzles"
 
-    def check_config(self, config: ml_collections.ConfigDict) -> None:
-        data_lib.check_data_config(config)
-        layouts.check_layout(config)
+    def check_sampler(self, config: ml_collections.ConfigDict) -> None:
         SolverSettings.from_config(config).check(layouts.layout_of(config), config.sampler.num_steps)
 
     def upgrade_saved_config(self, config: ml_collections.ConfigDict) -> None:
         upgrade_saved_config(config)
 
-    def build_data(self, config: ml_collections.ConfigDict, workdir: str) -> data_lib.SudokuData:
-        layouts.check_layout(config)
-        return data_lib.build_data(config)
+    def train_iterator_options(self, config: ml_collections.ConfigDict) -> dict:
+        return {"augment_symmetry": bool(config.data.get("augment_symmetry", False))}
 
-    def adapt_objective(self, config, model, objective):
-        return layouts.adapt_objective(config, model, objective)
+    def held_out_loss(self, exp: Experiment, params, num_batches: int) -> dict:
+        return evaluate_elbo(exp, params, num_batches=num_batches)
 
-    def train_iterator(self, exp: Experiment, process_index: int, process_count: int):
-        return data_lib.make_train_iterator(
-            exp.data.train_tokens,
-            exp.data.train_fixed,
-            exp.config.data.batch_size,
-            exp.config.seed,
-            process_index=process_index,
-            process_count=process_count,
-            augment_symmetry=bool(exp.config.data.get("augment_symmetry", False)),
-        )
-
-    def eval_fn(self, exp: Experiment, workdir: str):
-        config = exp.config
-
-        def evaluate(params, ema_params):
-            use = ema_params if ema_params is not None else params
-            out = evaluate_elbo(exp, use, num_batches=config.eval.num_batches)
-            if config.eval.num_puzzles and jax.process_count() == 1:
-                out.update(held_out_scores(exp, use, config.eval.num_puzzles))
-            return {k: v for k, v in out.items() if isinstance(v, (int, float))}
-
-        return evaluate
+    def held_out_scores(self, exp: Experiment, params, num: int) -> dict:
+        return held_out_scores(exp, params, num)
 
     def default_config(self) -> ml_collections.ConfigDict:
         return sudoku_config()
-
-    def define_evaluation_flags(self, flag_values) -> None:
-        evaluation.define_flags(flag_values)
-
-    def evaluation_from_flags(self, flag_values):
-        return evaluation.from_flags(flag_values)
 
     # -- capabilities (tasks/capabilities.py) -----------------------------------------------------------------------
     def canvas_sampler(self, exp: Experiment, config: ml_collections.ConfigDict):

@@ -15,7 +15,6 @@ Sub-packages:
   distill/    few-step distillation of a teacher's sampler into a student.
   evals/      the lm-evaluation-harness adapter and offline tasks.
   serve/      the OpenAI-compatible server.
-  aot/        ahead-of-time compilation of full-size shapes on abstract devices.
 Beside them: builders.py (config -> objects), experiment.py (a run's objects), run_config.py (a run's saved config),
 recipes.py (config builders), cli.py (flag parsing), finetune.py (the one fine-tuning runner of sft, rl and distill),
 and the commands train, sample, evaluate, sft, convert, quantize.

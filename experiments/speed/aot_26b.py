@@ -1,6 +1,6 @@
 """Ahead-of-time compile of DiffusionGemma 26B-A4B on a simulated 8-device CPU mesh, with a per-device memory report.
 
-The programs, figures and caveats: `hackable_diffusion/aot/` (its package docstring).
+The programs, figures and caveats: `experiments/speed/aot/` (its package docstring).
 
 Usage: python experiments/speed/aot_26b.py [--dispatch ragged|sorted|dense] [--num_layers 30] [--batch 8 --seq 4096]
        [--layout constrained|toolbox] [--batch_axes data,fsdp,expert] [--programs train_adamw,...] [--markdown]
@@ -40,8 +40,8 @@ from collections.abc import Sequence  # noqa: E402
 
 import jax  # noqa: E402
 
-from hackable_diffusion.aot.layout import LAYOUTS, NO_LICM, PROGRAMS, AotSettings, mesh_from_spec  # noqa: E402
-from hackable_diffusion.aot.programs import markdown_table, memory_at_batch, memory_table, run  # noqa: E402
+from aot.layout import LAYOUTS, NO_LICM, PROGRAMS, AotSettings, mesh_from_spec  # noqa: E402
+from aot.programs import markdown_table, memory_at_batch, memory_table, run  # noqa: E402
 from hackable_diffusion.models import presets  # noqa: E402
 
 
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     settings = settings_from_args(args)
     if args.weight_memory:
-        from hackable_diffusion.aot import costs
+        from aot import costs
         from hackable_diffusion.models.config import TransformerConfig
 
         cfg = TransformerConfig.from_dict(settings.model)

@@ -46,11 +46,11 @@ import itertools
 import json
 import math
 import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from benchmarking import best_time, interleaved_medians, median_time, model_shapes
 
 from hackable_diffusion.diffusion.processes import MaskingProcess, UniformProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
@@ -84,11 +84,9 @@ PRESETS = {
 
 
 def _throughput_size(name: str) -> dict:
-    """A random-weight size of `throughput.py --quick` (beside this script); "large": 80M dense parameters, 3 layers
-    of width 1024, a 32k vocabulary."""
-    import throughput
-
-    return throughput.model_shapes(quick=True)[name]
+    """A random-weight size of `throughput.py --quick` (`benchmarking.model_shapes`); "large": 80M dense parameters,
+    3 layers of width 1024, a 32k vocabulary."""
+    return model_shapes(quick=True)[name]
 
 
 def model_config(name: str, dtype: str, dispatch: str, attention_impl: str = "einsum") -> TransformerConfig:
@@ -102,33 +100,6 @@ def model_config(name: str, dtype: str, dispatch: str, attention_impl: str = "ei
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Peaks and timing.
-
-
-def best_time(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())  # compile / warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
-    """Median wall time of each function, compiled first, then timed in turns so that all see the same machine."""
-    for fn in fns.values():
-        jax.block_until_ready(fn())
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            jax.block_until_ready(fn())
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) for name, t in times.items()}
-
-
-def median_time(fn, repeats: int) -> float:
-    return interleaved_medians({"only": fn}, repeats)["only"]
 
 
 def measure_bandwidth(num_bytes: int, repeats: int) -> dict[str, float]:

@@ -3,13 +3,13 @@ peaks and vLLM's measured speed.
 
   python experiments/speed/gpu_cost_model.py --out results/gpu_cost_model
 
-1. Compiles, ahead of time on ONE CPU device (nothing allocated: `hackable_diffusion/aot/`), the programs decoding
+1. Compiles, ahead of time on ONE CPU device (nothing allocated: `experiments/speed/aot/`), the programs decoding
    runs, at batch 1 and 8: the canvas denoising step (`canvas_denoise`: decoder mode over a 256-token canvas against a
    4,096-slot KV cache, with the self-conditioning input), the AR step (`transformer.append` of 1 token), the prefill
    of a 256- and a 1,024-token prompt and the canvas commit (`append` of 256 / 1,024 tokens; the 256-token prefill and
    the commit are one program). The layer scan is unrolled (XLA's cost analysis counts a loop body once).
 2. Reads XLA's `cost_analysis()` (flops, bytes accessed) of each and sets it against the analytic counts of
-   `hackable_diffusion/aot/costs.py`: `compiled_counts` (what the program computes as compiled: every cache slot,
+   `experiments/speed/aot/costs.py`: `compiled_counts` (what the program computes as compiled: every cache slot,
    every position's logits, the dispatch's expert rows; bytes = every argument read once) and `ideal_counts` (what
    the step must do). It also parses the optimized HLO for the matmul FLOPs and splits "bytes accessed" by kind.
    `--compare_dispatches sorted,dense` adds the canvas and AR steps at batch 1 with those MoE dispatches.
@@ -43,7 +43,7 @@ from typing import Any  # noqa: E402
 
 import jax  # noqa: E402
 
-from hackable_diffusion.aot import costs, roofline, xla_counts  # noqa: E402
+from aot import costs, roofline, xla_counts  # noqa: E402
 from hackable_diffusion.models import presets  # noqa: E402
 from hackable_diffusion.models.config import TransformerConfig  # noqa: E402
 

@@ -31,10 +31,10 @@ import time
 
 import jax
 import numpy as np
+from benchmarking import model_shapes
 
 from hackable_diffusion.diffusion.processes import UniformProcess
 from hackable_diffusion.diffusion.schedules import LinearSchedule
-from hackable_diffusion.models import presets
 from hackable_diffusion.models import transformer as T
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.models.param_count import count_params
@@ -46,36 +46,6 @@ from hackable_diffusion.sampling.sampler import DiffusionSampler
 
 GPU_FLOPS = 990e12  # bf16 dense, H100/H200 SXM
 GPU_BYTES_PER_S = 3.35e12  # H100 SXM HBM3 (H200: 4.8e12)
-
-
-def model_shapes(quick: bool) -> dict[str, dict]:
-    """The trained-size model and >= 300M-parameter dense and MoE models (random weights)."""
-    large = dict(
-        embed_dim=1024,
-        num_layers=18,
-        num_heads=16,
-        head_dim=64,
-        num_kv_heads=8,
-        ffw_hidden=4096,
-        layer_pattern=("local", "local", "global"),
-        sliding_window=1024,
-        global_head_dim=64,
-        global_num_kv_heads=4,
-        vocab_size=32_768,
-        param_dtype="float32",
-        compute_dtype="float32",
-    )
-    shapes = {
-        "small": presets.small(vocab_size=128),
-        "large": presets.derived(**large, moe=None),
-        "large_moe": presets.derived(
-            **dict(large, ffw_hidden=2048),
-            moe=dict(num_experts=8, top_k=2, hidden_dim=1024, dispatch="sorted", capacity_factor=4.0),
-        ),
-    }
-    if quick:
-        shapes = {k: dict(v, num_layers=len(v["layer_pattern"])) for k, v in shapes.items()}
-    return shapes
 
 
 def roofline(cfg: TransformerConfig, batch: int, canvas: int, steps_per_canvas: float, context: int) -> dict:

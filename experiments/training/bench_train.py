@@ -127,7 +127,7 @@ def main():
     print(json.dumps(figures))
 
 
-TRAIN_CATEGORIES = [  # before profile_steps.CATEGORIES: what only a training step has
+TRAIN_CATEGORIES = [  # before benchmarking.CATEGORIES: what only a training step has
     ("optimizer update (AdamW, clipping, EMA)", r"optax|adam|scale_by|clip|global_norm|apply_updates|ema|tree_map"),
     ("loss (log-softmax, cross-entropy)", r"log_softmax|cross_entropy|logsumexp|take_along_axis|_nll|elbo"),
 ]
@@ -139,10 +139,10 @@ def profile_step(step, state, batch, args) -> dict:
     import sys
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "speed"))
-    import profile_steps  # experiments/speed/profile_steps.py
+    import benchmarking  # experiments/speed/benchmarking.py: the benchmarks' shared helpers
 
-    categories = TRAIN_CATEGORIES + profile_steps.CATEGORIES
-    result = profile_steps.profile(step, (state, batch), args.profile_repeats, categories)
+    categories = TRAIN_CATEGORIES + benchmarking.CATEGORIES
+    result = benchmarking.profile(step, (state, batch), args.profile_repeats, categories)
     shares = result["share_by_category"]
     command = " ".join(
         f"--{k}={v}" for k, v in vars(args).items() if v not in ("", None) and k not in ("profile_repeats",)

@@ -438,7 +438,9 @@ def repository_files(root: pathlib.Path) -> tuple[str, ...]:
     return tuple(found)
 
 
-def prose_reference_problems(path: pathlib.Path, root: pathlib.Path = REPO, written: set[str] | None = None) -> list[str]:
+def prose_reference_problems(
+    path: pathlib.Path, root: pathlib.Path = REPO, written: set[str] | None = None
+) -> list[str]:
     """File paths and dotted module names in the inline code of a markdown file that name nothing in the repository
     (placeholders such as `WORKDIR/x.json`, `{a,b}` patterns and `*` globs are skipped; a bare file name may live
     anywhere in the repository or be one the toolbox writes at run time)."""
@@ -495,12 +497,16 @@ def test_a_stale_prose_reference_is_caught(tmp_path):
 
 def unindexed_experiments(root: pathlib.Path = REPO) -> list[str]:
     """Files under experiments/ that its README's index does not name (as `folder/file` at the start of a table cell;
-    the scripts live in topic folders, the index's sections)."""
+    the scripts live in topic folders, the index's sections); a row naming `folder/package/` covers the modules of an
+    experiment-only package."""
     index = (root / "experiments" / "README.md").read_text()
     named = set(re.findall(r"^\| `([\w./]+)", index, flags=re.M))
+    packages = tuple(n for n in named if n.endswith("/"))
     folder = root / "experiments"
-    files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-    return sorted(files - named - {"README.md"})
+    files = {
+        p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    }
+    return sorted(f for f in files - named - {"README.md"} if not f.startswith(packages))
 
 
 def test_every_experiment_is_in_the_index():
@@ -514,6 +520,28 @@ def test_an_unindexed_experiment_is_caught(tmp_path):
     (tmp_path / "experiments" / "speed" / "listed.py").write_text("")
     (tmp_path / "experiments" / "speed" / "new_bench.py").write_text("")
     assert unindexed_experiments(tmp_path) == ["speed/new_bench.py"]
+
+
+def experiments_with_another_cli(root: pathlib.Path = REPO) -> list[str]:
+    """Experiment scripts whose flags are not argparse's: the one CLI style of experiments/ (the package's commands
+    take absl/ml_collections flags; a script reads a config file with `cli.load_config_file`)."""
+    found = []
+    for path in sorted((root / "experiments").rglob("*.py")):
+        text = path.read_text()
+        if "from absl" in text or "import absl" in text or "config_flags" in text:
+            found.append(path.relative_to(root / "experiments").as_posix())
+    return found
+
+
+def test_experiments_share_one_cli_style():
+    assert experiments_with_another_cli() == [], "parse these scripts' flags with argparse"
+
+
+def test_an_absl_experiment_is_caught(tmp_path):
+    (tmp_path / "experiments" / "speed").mkdir(parents=True)
+    (tmp_path / "experiments" / "speed" / "ok.py").write_text("import argparse\n")
+    (tmp_path / "experiments" / "speed" / "flags.py").write_text("from absl import app\n")
+    assert experiments_with_another_cli(tmp_path) == ["speed/flags.py"]
 
 
 def undocumented_packages(root: pathlib.Path = REPO) -> list[str]:

@@ -1,4 +1,4 @@
-"""AOT compilation (`hackable_diffusion/aot/`) on the tiny preset: every program lowers and compiles on an 8-device
+"""AOT compilation (`experiments/speed/aot/`) on the tiny preset: every program lowers and compiles on an 8-device
 fsdp x expert mesh.
 
 The full-size run (26B-A4B) is experiments/speed/aot_26b.py; here the same code paths compile a tiny model with every
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hackable_diffusion.aot import layout as aot_layout
-from hackable_diffusion.aot import programs as aot_programs
+from aot import layout as aot_layout
+from aot import programs as aot_programs
 from hackable_diffusion.models import partitioning, presets, transformer
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.training import sharding

@@ -1,4 +1,4 @@
-"""The GPU cost model (`hackable_diffusion/aot/costs.py`, `roofline.py`, `xla_counts.py`; run for 26B-A4B by
+"""The GPU cost model (`experiments/speed/aot/costs.py`, `roofline.py`, `xla_counts.py`; run for 26B-A4B by
 experiments/speed/gpu_cost_model.py) on small models: XLA's cost analysis of the compiled decode programs against the
 analytic counts, the MoE dispatches' expert rows as XLA:CPU compiles them, the roofline formula, and the published
 hardware table's sources.
@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from hackable_diffusion.aot import costs, roofline, xla_counts
+from aot import costs, roofline, xla_counts
 from hackable_diffusion.models import param_count, presets
 from hackable_diffusion.models.config import TransformerConfig
 

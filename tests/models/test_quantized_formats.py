@@ -418,7 +418,7 @@ def test_quantize_command_nvfp4_round_trip(trained_text_runs, tmp_path):
 def test_nvfp4_weight_memory_of_the_26b_a4b_is_4_5_bits_per_matmul_weight():
     """aot.costs.weight_memory (experiments/speed/aot_26b.py --weight_memory): NVFP4 stores each matmul weight in 4 bits
     plus an 8-bit scale per 16, the norms and scales stay bf16; DiffusionGemma 26B-A4B's weights fit 14.2 GB."""
-    from hackable_diffusion.aot import costs
+    from aot import costs
 
     cfg = TransformerConfig.from_dict(presets.diffusiongemma_26b_a4b())
     sizes = costs.param_sizes(cfg)

@@ -14,8 +14,8 @@ import pytest
 from _tiny_sampling import CANVAS, PROMPTS, VOCAB, masking_sampler, prefilled_prompts, uniform_sampler
 
 from hackable_diffusion import builders, cli, recipes
-from hackable_diffusion.aot import layout as aot_layout
-from hackable_diffusion.aot import programs as aot_programs
+from aot import layout as aot_layout
+from aot import programs as aot_programs
 from hackable_diffusion.data.tokenizers import BOS_ID
 from hackable_diffusion.models import attention, presets
 from hackable_diffusion.models import transformer as T

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from hackable_diffusion.aot.layout import (
+from aot.layout import (
     GPU_BYTES,
     MEMORY_FIELDS,
     AotSettings,

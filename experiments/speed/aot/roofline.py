@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hackable_diffusion.aot.costs import Counts
+from aot.costs import Counts
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Published hardware peaks.

@@ -22,8 +22,8 @@ from typing import Any
 
 import jax
 
-from hackable_diffusion.aot import layout, programs
-from hackable_diffusion.aot.costs import Program
+from aot import layout, programs
+from aot.costs import Program
 from hackable_diffusion.models.config import TransformerConfig
 from hackable_diffusion.training import sharding
 

@@ -25,7 +25,13 @@ from hackable_diffusion.rl import objectives as rl_objectives
 from hackable_diffusion.rl.rollouts import RolloutSettings, RolloutStream
 from hackable_diffusion.rl.scorers import AutoregressiveScorer, MeanFieldScorer, TrajectoryScorer
 from hackable_diffusion.tasks import get_task
-from hackable_diffusion.tasks.capabilities import CutsCompletionsAtEos, RecordsCommitOrder, RewardTask, require
+from hackable_diffusion.tasks.capabilities import (
+    CutsCompletionsAtEos,
+    RecordsCommitOrder,
+    RestrictsRolloutTokens,
+    RewardTask,
+    require,
+)
 from hackable_diffusion.training import sharding
 from hackable_diffusion.training.train_state import APPLY_UPDATE
 
@@ -255,8 +261,9 @@ def rollout_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
 
 def build_objective(config: ml_collections.ConfigDict, exp) -> Any:
     rl = config.rl
+    forbidden = tuple(exp.task.rollout_forbidden_tokens(exp)) if isinstance(exp.task, RestrictsRolloutTokens) else ()
     if exp.is_autoregressive:
-        scorer = AutoregressiveScorer(exp.model)
+        scorer = AutoregressiveScorer(exp.model, forbidden_tokens=forbidden)
     else:
         if not hasattr(exp.process, "mask_id"):
             raise ValueError(
@@ -277,9 +284,10 @@ def build_objective(config: ml_collections.ConfigDict, exp) -> Any:
                 num_passes=int(config.sampler.num_steps),
                 passes_per_forward=int(rl.get("trajectory_passes_per_forward", 1)),
                 null_signal=null,
+                forbidden_tokens=forbidden,
             )
         else:
-            scorer = MeanFieldScorer(exp.model, exp.process.mask_id, null_signal=null)
+            scorer = MeanFieldScorer(exp.model, exp.process.mask_id, null_signal=null, forbidden_tokens=forbidden)
     cls = rl_objectives.objective_class(rl.objective)
     run = rl_objectives.RunPieces(
         scorer=scorer,

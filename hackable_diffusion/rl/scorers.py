@@ -11,12 +11,17 @@
   from a pass over the canvas as it stood then (earlier commits in place, the rest masked). With one forward per
   sampler pass this is the sampler's exact probability of the completion whenever its choice of positions is a
   function of the canvas (a margin or confidence rule, not a random order) and it draws at temperature 1 without a
-  constraint; `passes_per_forward` = s > 1 scores s consecutive passes from the canvas before the first of them
+  constraint that depends on the canvas (the ids a task's rollouts never draw are out of the scored support too,
+  `forbidden_tokens`); `passes_per_forward` = s > 1 scores s consecutive passes from the canvas before the first of them
   (TraceRL's shrinkage: 1/s of the forwards), and s >= the number of passes is the mean-field estimate again.
   The prompt is never masked (the sampler never masks it; `prompt_masked` is ignored, and `rl.prompt_mask_prob` > 0
   with this scorer is refused at start-up). Differs from TraceRL: no value model, and a self-conditioned model is
   scored with its null signal at every pass.
 * `AutoregressiveScorer` (AR runs): the exact log-probs of a causal pass, token t read from position t - 1.
+
+Every scorer takes `forbidden_tokens`, the ids the task's rollouts never draw (`tasks.capabilities.RestrictsRolloutTokens`:
+Sudoku's non-digits, Countdown's PAD/BOS/MASK in its AR rollouts): their logits are removed before the softmax as the
+sampler removes them before its draw, so a scored token's log-prob is over the sampler's own support.
 
 All return (log-probs, entropies), each (b, l) with zeros outside `completion`, plus the MoE auxiliary outputs; all
 take `commit_pass` (b, l) int32, which only the trajectory scorer reads (the others accept None), and `masked` (b, l)
@@ -38,23 +43,29 @@ from jaxtyping import Array, Bool, Float, Int
 from hackable_diffusion.models import transformer as T
 
 
-def _scores(logits: Float[Array, "b l v"], targets: Int[Array, "b l"], where: Bool[Array, "b l"]):
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+def _scores(
+    logits: Float[Array, "b l v"], targets: Int[Array, "b l"], where: Bool[Array, "b l"], removed: tuple[int, ...] = ()
+):
+    """(log-probs of `targets`, entropies) at `where` (zeros elsewhere), with the ids `removed` taken out of the support."""
+    logits = logits.astype(jnp.float32)
+    if removed:
+        logits = logits.at[..., jnp.asarray(removed)].set(-jnp.inf)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
     at = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
     probs = jnp.exp(log_probs)
     entropy = -jnp.sum(jnp.where(probs > 0, probs * log_probs, 0.0), axis=-1)
     return jnp.where(where, at, 0.0), jnp.where(where, entropy, 0.0)
 
 
-def _masked_pass(model, params, tokens, undecided, scored, mask_id: int, null_signal: str):
-    """(log-probs, entropies, aux) at `scored` from one bidirectional pass with `undecided` masked; a self-conditioned
-    model gets its null signal (no earlier pass to condition on, as at a sampler's first step)."""
+def _masked_pass(model, params, tokens, undecided, scored, mask_id: int, null_signal: str, forbidden=()):
+    """(log-probs, entropies, aux) at `scored` from one bidirectional pass with `undecided` masked, the mask token and
+    `forbidden` out of the support; a self-conditioned model gets its null signal (no earlier pass to condition on, as
+    at a sampler's first step)."""
     signal = None
     if model.cfg.self_conditioning:
         signal = T.model_method(model, params, "null_sc_signal", tokens.shape, kind=null_signal)
     logits, aux = T.forward(model, params, jnp.where(undecided, mask_id, tokens), causal=False, sc_signal=signal)
-    logits = logits.at[..., mask_id].set(-jnp.inf)
-    return *_scores(logits, tokens, scored), aux
+    return *_scores(logits, tokens, scored, (mask_id, *forbidden)), aux
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +76,7 @@ class MeanFieldScorer:
     model: T.Transformer
     mask_id: int
     null_signal: str = "zeros"  # a self-conditioned model's input at its first pass (`diffusion.null_signal`)
+    forbidden_tokens: tuple[int, ...] = ()  # ids the rollouts never draw: out of the scored support
 
     def __call__(
         self,
@@ -78,7 +90,9 @@ class MeanFieldScorer:
     ) -> tuple[Float[Array, "b l"], Float[Array, "b l"], dict]:
         del commit_pass
         undecided = completion | prompt_masked | (completion if masked is None else masked)
-        return _masked_pass(self.model, params, tokens, undecided, completion, self.mask_id, self.null_signal)
+        return _masked_pass(
+            self.model, params, tokens, undecided, completion, self.mask_id, self.null_signal, self.forbidden_tokens
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +105,7 @@ class TrajectoryScorer:
     num_passes: int
     passes_per_forward: int = 1
     null_signal: str = "zeros"
+    forbidden_tokens: tuple[int, ...] = ()  # ids the rollouts never draw: out of the scored support
 
     needs_commit_pass = True
 
@@ -125,7 +140,9 @@ class TrajectoryScorer:
         def one_group(params, g):
             undecided = written & (group >= g)
             scored = completion & (group == g)
-            return _masked_pass(self.model, params, tokens, undecided, scored, self.mask_id, self.null_signal)
+            return _masked_pass(
+                self.model, params, tokens, undecided, scored, self.mask_id, self.null_signal, self.forbidden_tokens
+            )
 
         def body(carry, g):  # a scan, so that the forwards run one after another
             log_probs, entropy = carry
@@ -140,9 +157,11 @@ class TrajectoryScorer:
 
 @dataclasses.dataclass(frozen=True)
 class AutoregressiveScorer:
-    """Exact token log-probs of a causal pass over [prompt; completion]; `prompt_masked` is ignored."""
+    """Exact token log-probs of a causal pass over [prompt; completion], over the rollouts' support (the vocabulary
+    without `forbidden_tokens`); `prompt_masked` is ignored."""
 
     model: T.Transformer
+    forbidden_tokens: tuple[int, ...] = ()  # ids the rollouts never draw: out of the scored support
 
     def __call__(
         self,
@@ -158,5 +177,5 @@ class AutoregressiveScorer:
         logits, aux = T.forward(self.model, params, tokens, causal=True)
         shifted = jnp.concatenate([jnp.zeros_like(logits[:, :1]), logits[:, :-1]], axis=1)  # position t reads t - 1
         scored = completion & (jnp.arange(tokens.shape[1]) > 0)[None, :]
-        log_probs, entropy = _scores(shifted, tokens, scored)
+        log_probs, entropy = _scores(shifted, tokens, scored, self.forbidden_tokens)
         return log_probs, entropy, aux

@@ -10,6 +10,7 @@ False). Generic code asks `isinstance(exp.task, Capability)` before it calls a m
 | `RewardTask` | `rl.command.setup`, `rl.rollouts.RolloutStream` | sudoku, countdown |
 | `RecordsCommitOrder` | `rl.command.build_objective` (`rl.scorer='trajectory'`), `rl.rollouts.RolloutStream` | sudoku |
 | `CutsCompletionsAtEos` | `rl.command.check_rl_config` (`rl.stop_at_eos=True`) | countdown |
+| `RestrictsRolloutTokens` | `rl.command.build_objective` (the scorers' `forbidden_tokens`) | sudoku, countdown |
 | `ScoresLmEvalPuzzles` | `evals.lm_eval_adapter.request_answerers` | sudoku |
 | `GeneratesText` | `sample`, `serve.command.load_engine`, `evals.scoring.Scorer` (and so the lm-eval adapter) | text |
 """
@@ -85,6 +86,17 @@ class CutsCompletionsAtEos(Protocol):
     refuses `rl.stop_at_eos=True` for a task without it; the task's `policy_rows` makes the cut."""
 
     completion_end_id: int  # the token id that ends a completion
+
+
+@runtime_checkable
+class RestrictsRolloutTokens(Protocol):
+    """A task whose rollouts never draw some token ids: the sampler removes their logits before every draw (Sudoku:
+    every non-digit; Countdown: BOS in place, PAD, BOS and MASK left to right). Read by `rl.command.build_objective`,
+    which removes the same ids from the scorers' softmax, so that a scored log-prob is over the support the sampler
+    drew from; a task without it is scored over the whole vocabulary (less the mask token)."""
+
+    def rollout_forbidden_tokens(self, exp: Experiment) -> tuple[int, ...]:
+        """The ids the run's rollouts (`RewardTask.rollout`, this run's layout) never draw."""
 
 
 class LmEvalPuzzleAnswerer(Protocol):

@@ -22,6 +22,7 @@ from hackable_diffusion.tasks.capabilities import (
     GeneratesText,
     HasCanvasSampler,
     RecordsCommitOrder,
+    RestrictsRolloutTokens,
     RewardTask,
     ScoresLmEvalPuzzles,
 )
@@ -30,11 +31,17 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "hackable_diffusion"
 MASK_ID = 3
 DECLARED = {  # task -> the capabilities it has; it must lack every other one
     "text": {GeneratesText},
-    "sudoku": {HasCanvasSampler, RewardTask, RecordsCommitOrder, ScoresLmEvalPuzzles},
-    "countdown": {RewardTask, CutsCompletionsAtEos},
+    "sudoku": {HasCanvasSampler, RewardTask, RecordsCommitOrder, RestrictsRolloutTokens, ScoresLmEvalPuzzles},
+    "countdown": {RewardTask, CutsCompletionsAtEos, RestrictsRolloutTokens},
 }
 CAPABILITIES = (
-    HasCanvasSampler, RewardTask, RecordsCommitOrder, CutsCompletionsAtEos, ScoresLmEvalPuzzles, GeneratesText
+    HasCanvasSampler,
+    RewardTask,
+    RecordsCommitOrder,
+    CutsCompletionsAtEos,
+    RestrictsRolloutTokens,
+    ScoresLmEvalPuzzles,
+    GeneratesText,
 )
 
 
@@ -196,3 +203,24 @@ def test_no_generic_module_compares_a_task_name_or_probes_a_task_for_undeclared_
         if pattern.search(line)
     ]
     assert not found, found
+
+
+def test_the_scorers_take_the_ids_the_tasks_rollouts_never_draw():
+    """`RestrictsRolloutTokens`: every scorer RL builds removes the ids the task's sampler never draws (Sudoku: the
+    non-digits; Countdown: BOS in place, PAD, BOS and MASK left to right); a task without it removes none."""
+    from hackable_diffusion import cli
+    from hackable_diffusion.data.tokenizers import BOS_ID, PAD_ID
+    from hackable_diffusion.tasks.sudoku.vocab import NON_DIGIT_IDS
+
+    process = MaskingProcess(12, LinearSchedule(), MASK_ID)
+    for scorer in ("mean_field", "trajectory"):
+        built = rl_command.build_objective(rl_config(scorer), StubExperiment(get_task("sudoku"), process))
+        assert built.scorer.forbidden_tokens == tuple(NON_DIGIT_IDS)
+    plain = rl_command.build_objective(rl_config("mean_field"), StubExperiment(RewardOnlyTask(), process))
+    assert plain.scorer.forbidden_tokens == ()
+    ar_config = cli.load_config_file("configs/rl_countdown.py:ar")
+    ar = StubExperiment(get_task("countdown"), process, config=ar_config, is_autoregressive=True)
+    assert rl_command.build_objective(ar_config, ar).scorer.forbidden_tokens == (PAD_ID, BOS_ID, MASK_ID)
+    in_place_config = cli.load_config_file("configs/rl_countdown.py")
+    in_place = StubExperiment(get_task("countdown"), process, config=in_place_config)
+    assert rl_command.build_objective(in_place_config, in_place).scorer.forbidden_tokens == (BOS_ID,)

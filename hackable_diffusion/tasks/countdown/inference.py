@@ -46,6 +46,15 @@ class CountdownSolution:
     seconds: float
 
 
+AR_FORBIDDEN = (PAD_ID, BOS_ID, MASK_ID)  # left to right: nothing but answer characters and the EOS that ends them
+IN_PLACE_FORBIDDEN = (BOS_ID,)  # in place: the tail after the answer's EOS is written as PAD
+
+
+def forbidden_tokens(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+    """The ids the run's sampler never draws, for its layout (`tasks.capabilities.RestrictsRolloutTokens`)."""
+    return AR_FORBIDDEN if layout_of(config) == "ar" else IN_PLACE_FORBIDDEN
+
+
 def solve_problems(
     exp: Experiment,
     params,
@@ -116,14 +125,14 @@ def _batch_solver(exp, params, config, b: int, prompt_len: int, completion_len: 
                 max_new_tokens=completion_len,
                 sampling=sampling,
                 stop_tokens=(EOS_ID,),
-                forbidden_tokens=(PAD_ID, BOS_ID, MASK_ID),
+                forbidden_tokens=forbidden_tokens(config),
             )
             return np.asarray(out.tokens), np.full((b,), out.forward_passes, np.int32)
 
         return solve_ar
 
     length = prompt_len + completion_len
-    sampler = builders.build_sampler(config, exp.process, canvas_length=length, forbidden_tokens=(BOS_ID,))
+    sampler = builders.build_sampler(config, exp.process, canvas_length=length, forbidden_tokens=forbidden_tokens(config))
     empty_cache = init_cache(exp.model.cfg, b, 1)  # no prefix: the prompt is part of the canvas
     fixed = jnp.asarray(np.arange(length) < prompt_len)[None].repeat(b, axis=0)
 

@@ -12,7 +12,7 @@ evaluates them in floating point.
 Scores (`held_out.py`, which `evaluation.py` shares): the exact-answer rate overall and by the number of given numbers,
 problems per second, forward passes per problem, and the held-out loss. For reinforcement learning from the verifier
 the task has the capabilities `RewardTask` (`rl_prompts`, `rollout`, `reward`, `policy_rows`) and
-`CutsCompletionsAtEos` (`rl.stop_at_eos`) of `tasks/capabilities.py`.
+`CutsCompletionsAtEos` (`rl.stop_at_eos`) and `RestrictsRolloutTokens` of `tasks/capabilities.py`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hackable_diffusion.data.tokenizers import EOS_ID
 from hackable_diffusion.tasks.countdown import data as data_lib
 from hackable_diffusion.tasks.countdown import evaluation, layouts, rewards
 from hackable_diffusion.tasks.countdown.held_out import evaluate_problems, held_out_loss, held_out_scores
-from hackable_diffusion.tasks.countdown.inference import solve_problems
+from hackable_diffusion.tasks.countdown.inference import forbidden_tokens, solve_problems
 from hackable_diffusion.tasks.countdown.recipes import countdown_config
 from hackable_diffusion.tasks.puzzle_task import PuzzleTask
 
@@ -69,7 +69,7 @@ class CountdownTask(PuzzleTask):
     def default_config(self) -> ml_collections.ConfigDict:
         return countdown_config()
 
-    # -- reinforcement learning from the verifier: `RewardTask`, `CutsCompletionsAtEos` (tasks/capabilities.py) -----
+    # -- RL from the verifier: `RewardTask`, `CutsCompletionsAtEos`, `RestrictsRolloutTokens` (tasks/capabilities.py)
     def rl_prompts(self, exp: Experiment) -> Int[np.ndarray, "n p"]:
         """The training problems' prompts as int32 token rows."""
         return data_lib.prompt_rows(exp.data.train_problems, int(exp.config.data.prompt_len))
@@ -80,6 +80,10 @@ class CountdownTask(PuzzleTask):
         """One sampled completion per prompt row (int32), with the sampler settings of `config`."""
         batch_size = int(config.eval.batch_size)
         return solve_problems(exp, params, prompts, seed=seed, batch_size=batch_size, config=config)
+
+    def rollout_forbidden_tokens(self, exp: Experiment) -> tuple[int, ...]:
+        """`RestrictsRolloutTokens`: what the layout's sampler never draws (`inference.forbidden_tokens`)."""
+        return forbidden_tokens(exp.config)
 
     def reward(self, prompts: Int[np.ndarray, "n p"], completions: Int[np.ndarray, "n c"]) -> Float[np.ndarray, " n"]:
         """1.0 for an exact answer, 0.0 otherwise (malformed included); float32, never raises on token content."""

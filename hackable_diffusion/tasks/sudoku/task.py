@@ -1,5 +1,5 @@
 """The Sudoku task (`config.data.task="sudoku"`): `tasks.Task` for puzzles, with the capabilities `HasCanvasSampler`,
-`RewardTask`, `RecordsCommitOrder` and `ScoresLmEvalPuzzles` (`tasks/capabilities.py`).
+`RewardTask`, `RecordsCommitOrder`, `RestrictsRolloutTokens` and `ScoresLmEvalPuzzles` (`tasks/capabilities.py`).
 
 Masking diffusion over the 81 cells in place (Ye et al. 2024; Kim et al. 2025), DiffusionGemma's prompt + canvas
 layout, or the autoregressive baseline (`layouts.py`), on generated puzzles (`data.py`). Scores: DiffusionGemma's
@@ -26,6 +26,7 @@ from hackable_diffusion.tasks.sudoku.held_out import evaluate_elbo, held_out_sco
 from hackable_diffusion.tasks.sudoku.inference import SolverSettings, SudokuSolution, puzzle_sampler, solve_puzzles
 from hackable_diffusion.tasks.sudoku.lm_eval_requests import PuzzleAnswerer
 from hackable_diffusion.tasks.sudoku.recipes import sudoku_config, upgrade_saved_config
+from hackable_diffusion.tasks.sudoku.vocab import NON_DIGIT_IDS
 
 if TYPE_CHECKING:
     from hackable_diffusion.experiment import Experiment
@@ -67,7 +68,7 @@ class SudokuTask(PuzzleTask):
         """`ScoresLmEvalPuzzles`: lm-eval's `hd_sudoku_solve` requests answered with the run's solver."""
         return PuzzleAnswerer(exp, params, seed=seed, batch_size=batch_size)
 
-    # RL from verifiable rewards (`python -m hackable_diffusion.rl`; `rewards.py`): `RewardTask`, `RecordsCommitOrder`
+    # RL (`python -m hackable_diffusion.rl`; `rewards.py`): `RewardTask`, `RecordsCommitOrder`, `RestrictsRolloutTokens`
     def rl_prompts(self, exp: Experiment) -> Int[np.ndarray, "n 81"]:
         """The training puzzles (0 = blank): the run's generated training set."""
         digits = exp.tokenizer.decode(exp.data.train_tokens)
@@ -83,6 +84,10 @@ class SudokuTask(PuzzleTask):
         """`rollout`'s grids and the pass that wrote each cell (-1 for givens), from the in-place sampler."""
         solution = rollout_solution(exp, params, prompts, seed=seed, config=config, record_order=True)
         return solution.predictions, solution.commit_pass
+
+    def rollout_forbidden_tokens(self, exp: Experiment) -> tuple[int, ...]:
+        """`RestrictsRolloutTokens`: every layout's sampler draws digits only."""
+        return NON_DIGIT_IDS
 
     def reward(self, prompts, completions, *, shaped: bool = False) -> np.ndarray:
         return rewards.sudoku_reward(prompts, completions, shaped=shaped)

@@ -20,8 +20,9 @@
 * `AutoregressiveScorer` (AR runs): the exact log-probs of a causal pass, token t read from position t - 1.
 
 Every scorer takes `forbidden_tokens`, the ids the task's rollouts never draw (`tasks.capabilities.RestrictsRolloutTokens`:
-Sudoku's non-digits, Countdown's PAD/BOS/MASK in its AR rollouts): their logits are removed before the softmax as the
-sampler removes them before its draw, so a scored token's log-prob is over the sampler's own support.
+Sudoku's non-digits, Countdown's BOS in place and PAD/BOS/MASK left to right): their logits are removed before the
+softmax as the sampler removes them before its draw, so a scored token's log-prob is over the sampler's own support
+(exactly the sampler's for an AR run drawing at temperature 1).
 
 All return (log-probs, entropies), each (b, l) with zeros outside `completion`, plus the MoE auxiliary outputs; all
 take `commit_pass` (b, l) int32, which only the trajectory scorer reads (the others accept None), and `masked` (b, l)
@@ -53,7 +54,8 @@ def _scores(
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     at = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
     probs = jnp.exp(log_probs)
-    entropy = -jnp.sum(jnp.where(probs > 0, probs * log_probs, 0.0), axis=-1)
+    kept = probs > 0  # a removed id's -inf log-prob stays out of the product, so no 0 * -inf in the backward pass
+    entropy = -jnp.sum(jnp.where(kept, probs * jnp.where(kept, log_probs, 0.0), 0.0), axis=-1)
     return jnp.where(where, at, 0.0), jnp.where(where, entropy, 0.0)
 
 

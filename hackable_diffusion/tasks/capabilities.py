@@ -93,7 +93,7 @@ class RestrictsRolloutTokens(Protocol):
     """A task whose rollouts never draw some token ids: the sampler removes their logits before every draw (Sudoku:
     every non-digit; Countdown: BOS in place, PAD, BOS and MASK left to right). Read by `rl.command.build_objective`,
     which removes the same ids from the scorers' softmax, so that a scored log-prob is over the support the sampler
-    drew from; a task without it is scored over the whole vocabulary (less the mask token)."""
+    drew from; a task without it is scored over the whole vocabulary (the diffusion scorers less the mask token)."""
 
     def rollout_forbidden_tokens(self, exp: Experiment) -> tuple[int, ...]:
         """The ids the run's rollouts (`RewardTask.rollout`, this run's layout) never draw."""

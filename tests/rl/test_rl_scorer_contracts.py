@@ -101,6 +101,15 @@ def test_every_scorer_scores_over_the_support_the_rollouts_drew_from():
     grads = jax.grad(total)(params)
     assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
 
+    def total_entropy(p):  # an entropy bonus differentiates this: the removed ids' -inf must not reach the backward
+        _, spread, _ = MeanFieldScorer(model, MASK, forbidden_tokens=forbidden)(
+            p, jnp.asarray(tokens), jnp.asarray(completion), jnp.zeros_like(completion)
+        )
+        return spread.sum()
+
+    grads = jax.grad(total_entropy)(params)
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
+
 
 def test_the_mean_field_scorer_masks_the_prompt_positions_it_is_given():
     """d1's random prompt masking: the one pass sees the completion AND the marked prompt positions masked; only the

@@ -213,9 +213,13 @@ def test_the_scorers_take_the_ids_the_tasks_rollouts_never_draw():
     from hackable_diffusion.tasks.sudoku.vocab import NON_DIGIT_IDS
 
     process = MaskingProcess(12, LinearSchedule(), MASK_ID)
+    from hackable_diffusion.tasks.sudoku.inference import SolverSettings, puzzle_sampler
+    from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
+
+    sampler = puzzle_sampler(sudoku_config(), process, SolverSettings())  # what Sudoku's rollouts draw with
     for scorer in ("mean_field", "trajectory"):
         built = rl_command.build_objective(rl_config(scorer), StubExperiment(get_task("sudoku"), process))
-        assert built.scorer.forbidden_tokens == tuple(NON_DIGIT_IDS)
+        assert built.scorer.forbidden_tokens == tuple(NON_DIGIT_IDS) == tuple(sampler.forbidden_tokens)
     plain = rl_command.build_objective(rl_config("mean_field"), StubExperiment(RewardOnlyTask(), process))
     assert plain.scorer.forbidden_tokens == ()
     ar_config = cli.load_config_file("configs/rl_countdown.py:ar")

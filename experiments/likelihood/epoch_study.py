@@ -5,6 +5,8 @@ diffusion overtakes AR).
   python experiments/likelihood/epoch_study.py --root runs/epoch_study --epochs 1,2,4,8,16,32,64 [--adapt_from_epoch 1]
   python experiments/likelihood/epoch_study.py --root runs/epoch_study --plot results/text/epoch_study.png
   python experiments/likelihood/epoch_study.py --root runs/epoch_study_mini --size mini --runs ar --epochs 1,2,3,4,6,8  # a pilot
+  python experiments/likelihood/epoch_study.py --root runs/epoch_study_tenth --size mini --epochs 1,2,4,6,8,12,16,24 \
+      --adapt_from_epoch 8 --override=--config.data.train_fraction=0.1   # data-constrained: the first 10% of the split
 
 Stage by stage (one entry of `--epochs` at a time, in order), each run of configs/epoch_study.py is trained up to that
 many epochs of the training split (`train` resumes its workdir with a larger `train.num_steps`; the constant learning

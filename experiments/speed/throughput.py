@@ -6,7 +6,7 @@ One JSON line per (model, batch) setting, both decoders measured side by side in
 median after a compiling warm-up): tokens/s for `--new_tokens` new tokens at batch 1 and batch 8, forward passes per
 generated token, wall time per canvas, and the diffusion/AR ratio. Next to each figure, a roofline estimate: FLOPs and
 bytes moved per generated token for both decoders, and the ratio they predict on an H100/H200-class GPU
-(990 TFLOP/s bf16, 3.35 TB/s) — where batch-1 AR decoding is memory-bound (every active weight read per token) and a
+(`aot/roofline.py`'s H100 SXM: 989.4 TFLOP/s bf16 dense, 3.35 TB/s) — where batch-1 AR decoding is memory-bound (every active weight read per token) and a
 canvas step reads the weights once for 256 tokens.
 
 The diffusion sampler is the reference one: canvas 256, entropy bound 0.1, annealed temperature 0.8 -> 0.4,
@@ -31,6 +31,7 @@ import time
 
 import jax
 import numpy as np
+from aot.roofline import HARDWARE
 from benchmarking import model_shapes
 
 from hackable_diffusion.diffusion.processes import UniformProcess
@@ -44,8 +45,8 @@ from hackable_diffusion.sampling.draws import DRAWS, make_draw
 from hackable_diffusion.sampling.early_stopping import NoEarlyStop
 from hackable_diffusion.sampling.sampler import DiffusionSampler
 
-GPU_FLOPS = 990e12  # bf16 dense, H100/H200 SXM
-GPU_BYTES_PER_S = 3.35e12  # H100 SXM HBM3 (H200: 4.8e12)
+GPU = HARDWARE["H100 SXM"]  # the published peaks of aot/roofline.py: bf16 dense FLOP/s, HBM bandwidth
+GPU_FLOPS, GPU_BYTES_PER_S = GPU.flops_per_s("bf16"), GPU.bytes_per_s
 
 
 def roofline(cfg: TransformerConfig, batch: int, canvas: int, steps_per_canvas: float, context: int) -> dict:

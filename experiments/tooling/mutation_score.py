@@ -57,6 +57,7 @@ RL_OBJECTIVE_TESTS = [
 ]
 # Module (path under hackable_diffusion/) -> the test files that test it. Small on purpose: one mutant's run is seconds.
 MODULE_TESTS = {
+    "data/text.py": ["tests/data/test_text_data.py"],
     "diffusion/elbos.py": ["tests/diffusion/test_elbos.py"],
     "diffusion/schedules.py": ["tests/diffusion/test_schedules.py", "tests/diffusion/test_schedule_config.py"],
     "distill/reverse_kl.py": ["tests/distill/test_reverse_kl.py"],

@@ -249,3 +249,77 @@ def test_train_fraction_keeps_the_leading_share_of_the_training_split_and_one_vo
     np.testing.assert_array_equal(tenth.eval_sequences, whole.eval_sequences)
     with pytest.raises(ValueError, match="train_fraction"):
         text.build_text_data("shakespeare", "char", None, 256, tmp_path / "none", train_fraction=0.0)
+
+
+def test_ptb_word_count_counts_each_lines_words_and_its_end():
+    """Mikolov's PTB perplexity counts every word and one end-of-sentence token per line (no real PTB needed)."""
+    assert text.ptb_word_count([" a b ", "c d e", ""]) == (2 + 1) + (3 + 1) + (0 + 1)
+    with pytest.raises(ValueError, match="list of lines"):
+        text.ptb_word_count("a b")
+
+
+def test_fixed_rows_iterator_splits_tokens_from_their_fixed_mask():
+    tokens = np.arange(4 * 5, dtype=np.int32).reshape(4, 5) + 4
+    fixed = (tokens % 3 == 0)
+    batch = next(text.make_fixed_rows_iterator(tokens, fixed, batch_size=4, seed=0))
+    assert batch["tokens"].shape == batch["fixed"].shape == (4, 5) and batch["fixed"].dtype == bool
+    order = np.argsort(batch["tokens"][:, 0])  # one epoch of four rows, shuffled
+    np.testing.assert_array_equal(batch["tokens"][order], tokens)
+    np.testing.assert_array_equal(batch["fixed"][order], fixed)
+    for bad_fixed in (fixed[:, :4], fixed[0]):
+        with pytest.raises(ValueError, match="one shape"):
+            text.make_fixed_rows_iterator(tokens, bad_fixed, batch_size=4, seed=0)
+    with pytest.raises(ValueError, match="one shape"):
+        text.make_fixed_rows_iterator(tokens[0], fixed[0], batch_size=4, seed=0)  # 1-D rows
+
+
+def test_a_saved_tokenizer_is_reused_only_for_the_data_it_was_made_for(tmp_path):
+    """A workdir's tokenizer made with other settings is refused; a checkpoint's own ("pretrained") tokenizer serves
+    any corpus a pretrained run asks for, but not a request for a fitted one."""
+    fitted = tokenizers.CharTokenizer.fit("abc")
+    saved = tmp_path / "tokenizer"
+    fitted.save(saved, metadata={"kind": "pretrained", "source": "ckpt-a"})
+
+    def never_fit():
+        raise AssertionError("a saved tokenizer must not be fitted again")
+
+    reused = text._load_or_fit_tokenizer(saved, {"kind": "pretrained", "source": "ckpt-b"}, never_fit)
+    assert reused.vocab_size == fitted.vocab_size
+    with pytest.raises(ValueError, match="holds a tokenizer made with"):
+        text._load_or_fit_tokenizer(saved, {"kind": "char", "corpus": "shakespeare"}, never_fit)
+
+
+def test_train_dataset_defaults_to_one_process_and_checks_its_arguments():
+    sequences = _toy_sequences(6)
+    default = text.make_train_dataset(sequences, 2, 0)
+    explicit = text.make_train_dataset(sequences, 2, 0, process_index=0, process_count=1)
+    for i in range(4):  # two epochs of three batches
+        np.testing.assert_array_equal(default[i]["tokens"], explicit[i]["tokens"])
+    fixed = np.zeros(sequences.shape, bool)
+    defaults = text.make_fixed_rows_iterator(sequences, fixed, batch_size=2, seed=0)
+    one_process = text.make_fixed_rows_iterator(sequences, fixed, 2, 0, process_index=0, process_count=1)
+    for _ in range(4):
+        np.testing.assert_array_equal(next(defaults)["tokens"], next(one_process)["tokens"])
+    with pytest.raises(ValueError, match="non-empty"):
+        text.make_train_dataset(sequences[:0], 2, 0)  # no sequence at all (the rows are still 2-D)
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        text.make_train_dataset(sequences, 2, -1)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        text.make_eval_batches(sequences, 0)
+
+
+def test_a_char_vocabulary_of_exactly_the_needed_size_is_accepted(tmp_path):
+    needed = tokenizers.CharTokenizer.fit(text.load_shakespeare("train")).vocab_size
+    data = text.build_text_data("shakespeare", "char", needed, 16, tmp_path / "exact")
+    assert data.tokenizer.vocab_size == needed
+    with pytest.raises(ValueError, match="char ids"):
+        text.build_text_data("shakespeare", "char", needed - 1, 16, tmp_path / "short")
+
+
+def test_check_corpus_looks_for_the_named_corpus_files(monkeypatch, tmp_path):
+    monkeypatch.delenv("HD_DATA_DIR", raising=False)
+    text.check_corpus("shakespeare", "char")  # shipped with the package
+    with pytest.raises(FileNotFoundError, match="ptb"):
+        text.check_corpus("ptb", "spm", data_dir=tmp_path)  # not there
+    with pytest.raises(ValueError, match="corpus"):
+        text.check_corpus("wikitext", "char")

@@ -260,7 +260,7 @@ def test_ptb_word_count_counts_each_lines_words_and_its_end():
 
 def test_fixed_rows_iterator_splits_tokens_from_their_fixed_mask():
     tokens = np.arange(4 * 5, dtype=np.int32).reshape(4, 5) + 4
-    fixed = (tokens % 3 == 0)
+    fixed = tokens % 3 == 0
     batch = next(text.make_fixed_rows_iterator(tokens, fixed, batch_size=4, seed=0))
     assert batch["tokens"].shape == batch["fixed"].shape == (4, 5) and batch["fixed"].dtype == bool
     order = np.argsort(batch["tokens"][:, 0])  # one epoch of four rows, shuffled

@@ -132,7 +132,9 @@ def _batch_solver(exp, params, config, b: int, prompt_len: int, completion_len: 
         return solve_ar
 
     length = prompt_len + completion_len
-    sampler = builders.build_sampler(config, exp.process, canvas_length=length, forbidden_tokens=forbidden_tokens(config))
+    sampler = builders.build_sampler(
+        config, exp.process, canvas_length=length, forbidden_tokens=forbidden_tokens(config)
+    )
     empty_cache = init_cache(exp.model.cfg, b, 1)  # no prefix: the prompt is part of the canvas
     fixed = jnp.asarray(np.arange(length) < prompt_len)[None].repeat(b, axis=0)
 

@@ -11,6 +11,7 @@ default config.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import types
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -23,8 +24,9 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
-class PuzzleTask:
-    """`tasks.Task` for a puzzle package; a subclass sets the ClassVars and the three methods that raise here."""
+class PuzzleTask(abc.ABC):
+    """`tasks.Task` for a puzzle package; a subclass sets the ClassVars and defines the three abstract methods (a
+    subclass without them cannot be instantiated)."""
 
     name: ClassVar[str]
     layouts: ClassVar[types.ModuleType]  # check_layout(config), adapt_objective(config, model, objective)
@@ -36,14 +38,17 @@ class PuzzleTask:
     def check_sampler(self, config: ml_collections.ConfigDict) -> None:
         """The task's own sampler/solver checks (after the layout and data checks)."""
 
+    @abc.abstractmethod
     def held_out_loss(self, exp: Experiment, params: Any, num_batches: int) -> dict:
-        raise NotImplementedError(f"{type(self).__name__} must define held_out_loss")
+        """The held-out loss bound on `num_batches` batches (the training loop's evaluation)."""
 
+    @abc.abstractmethod
     def held_out_scores(self, exp: Experiment, params: Any, num: int) -> dict:
-        raise NotImplementedError(f"{type(self).__name__} must define held_out_scores")
+        """Scores of `num` held-out puzzles solved with the run's sampler."""
 
+    @abc.abstractmethod
     def default_config(self) -> ml_collections.ConfigDict:
-        raise NotImplementedError(f"{type(self).__name__} must define default_config")
+        """A config of the task (stands in for a saved config when a command line is only checked)."""
 
     def train_iterator_options(self, config: ml_collections.ConfigDict) -> dict:
         """Keyword arguments of the task's `data.make_train_iterator` beyond the rows, batch, seed and shard."""

@@ -17,7 +17,9 @@ entropy of either frontier inside the entropies both cover, and the worst (large
 entropies both log perplexities are straight lines, so their difference is too and the worst over the whole overlap
 is one of these points: the figure is exact for the interpolated frontiers, not sampled. Nothing is extrapolated: a
 student whose entropies lie outside the teacher's range has no matched figure (`worst_excess` None). The acceptance
-measure of a few-step student: `worst_excess <= 0.02` (at or below the teacher's frontier within +2%).
+measure of a few-step student: `worst_excess <= 0.02` (at or below the teacher's frontier within +2%) over the
+teacher's whole entropy range (`teacher_coverage` 1; `meets_over_teacher_range`): a student that reaches only part of
+it is compared there and reported with the share it covers.
 
 Rows of several files are pooled when they come from the same prompts (the same `--seed`, `--num_prompts`,
 `--prompt_len`, `--new_tokens` and `--ar` in each file's command line; other files are refused); a row measured in two
@@ -95,10 +97,16 @@ class Matched:
     overlap: tuple[float, float] | None  # the entropies both frontiers cover; None: disjoint
     points: tuple[tuple[float, float, float, float], ...]  # (entropy, student ppl, teacher ppl, relative excess)
     worst_excess: float | None  # the largest relative excess over the overlap; None: no overlap
+    teacher_coverage: float = 0.0  # the share of the teacher's entropy range the overlap spans (1: all of it)
 
     def meets(self, tolerance: float = 0.02) -> bool:
         """At or below the teacher's frontier within `tolerance` over the whole overlap (False without one)."""
         return self.worst_excess is not None and self.worst_excess <= tolerance
+
+    def meets_over_teacher_range(self, tolerance: float = 0.02) -> bool:
+        """`meets`, and the overlap spans the teacher's whole entropy range: the acceptance of a few-step student
+        (at or below the teacher over the teacher's own range, not only where the student reaches)."""
+        return self.meets(tolerance) and self.teacher_coverage >= 1 - 1e-9
 
 
 def matched_excess(student: Frontier, teacher: Frontier) -> Matched:
@@ -112,7 +120,9 @@ def matched_excess(student: Frontier, teacher: Frontier) -> Matched:
     for x in xs:
         s, t = student.ppl_at(x), teacher.ppl_at(x)
         points.append((x, s, t, s / t - 1))
-    return Matched(student.name, teacher.name, (lo, hi), tuple(points), max(p[3] for p in points))
+    span = teacher.entropy[-1] - teacher.entropy[0]
+    coverage = (hi - lo) / span if span > 0 else 1.0  # a one-point teacher is covered by any overlap
+    return Matched(student.name, teacher.name, (lo, hi), tuple(points), max(p[3] for p in points), coverage)
 
 
 def model_of(row: dict) -> str:
@@ -229,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             "overlap_bits": list(m.overlap) if m.overlap else None,
             "worst_excess": m.worst_excess,
             "meets": m.meets(args.tolerance),
+            "teacher_range_covered": m.teacher_coverage,
+            "meets_over_teacher_range": m.meets_over_teacher_range(args.tolerance),
             "points": [dict(zip(("entropy_bits", "student_ppl", "teacher_ppl", "excess"), p)) for p in m.points],
         }
         results.append(result)

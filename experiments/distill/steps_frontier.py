@@ -4,7 +4,7 @@
       --students runs/distill_qs_trajectory:trajectory,runs/distill_qs_consistency:consistency \
       --ar runs/quickstart_ar --steps 1,2,4,8,16,32 --out results/text/steps_frontier
 
-For every model and every step budget S in `--steps`, continues `--num_prompts` prompts (the first `--prompt_len`
+For every model and every step budget S in `--steps` (the teacher's: `--teacher_steps`, default the same), continues `--num_prompts` prompts (the first `--prompt_len`
 tokens of validation sequences at seeded offsets, the same for every model) by `--new_tokens` tokens with the model's
 own sampler at S steps per canvas (early stopping off, so every canvas takes exactly S passes) and measures:
   * generative perplexity under the autoregressive run `--ar` (the continuation re-encoded with its tokenizer),
@@ -28,7 +28,8 @@ on the teacher's curve, so a student's gain is its distance below the cooled tea
 than unigram entropy (characters keep their frequencies while pairs repeat): FILE_frontier.png draws each model's
 frontier, gen. perplexity against bigram entropy over its temperature schedules, at every budget against the
 teacher's at the largest budget, and the summary line gives each one's worst relative excess over that teacher at
-equal bigram entropy (`experiments/distill/plot_frontier.py`: `matched_excess`; None where their entropies do not overlap).
+equal bigram entropy (`experiments/distill/plot_frontier.py`: `matched_excess`; None where their entropies do not overlap)
+and the share of the teacher's bigram-entropy range where they overlap (the acceptance asks for all of it).
 The AR run's own samples are one more row (its temperature, one pass per token). Writes FILE.jsonl (one row per
 model and budget), FILE.png (gen. perplexity and entropies against steps per canvas) and prints one JSON line with
 the gen. perplexity of each model at each budget and the worst excesses.
@@ -206,6 +207,13 @@ def main() -> None:
     )
     parser.add_argument("--ar", required=True, help="the autoregressive scorer run")
     parser.add_argument("--steps", default="1,2,4,8,16,32")
+    parser.add_argument(
+        "--teacher_steps",
+        default="",
+        help="the budgets of the teacher (and its --teacher_rules) when they differ from --steps, e.g. 16 while the "
+        "students run at --steps 2,4 (default: --steps); 0: no teacher rows (measure the teacher in another run on "
+        "the same prompts and pool the two files with experiments/distill/plot_frontier.py)",
+    )
     parser.add_argument("--num_prompts", type=int, default=32)
     parser.add_argument("--prompt_len", type=int, default=64)
     parser.add_argument("--new_tokens", type=int, default=64)
@@ -218,6 +226,9 @@ def main() -> None:
 
     cli.quiet_library_logs()
     budgets = [int(s) for s in args.steps.split(",") if s]
+    teacher_budgets = [int(s) for s in args.teacher_steps.split(",") if s] or budgets
+    if teacher_budgets == [0]:  # the students alone; their frontier is drawn against a teacher file's (plot_frontier.py)
+        teacher_budgets = []
     try:
         cooled = cooled_schedules(args.cooled)
     except ValueError as err:
@@ -260,7 +271,7 @@ def main() -> None:
                     config.sampler.temperature_exponent = exponent
                     label += f"^{exponent:g}"
             exp = dataclasses.replace(base, config=config)
-            for steps in budgets:
+            for steps in budgets if is_student else teacher_budgets:
                 started = time.perf_counter()
                 out = measure(
                     with_steps(exp, steps, args.min_count), params, prompts, args.new_tokens, ar, ar_params, args.seed
@@ -295,24 +306,24 @@ def main() -> None:
     plot_plane(rows, path.parent / (path.name + "_plane.png"))
     from plot_frontier import plot_frontiers
 
-    teacher, matched = frontiers_against_teacher(rows)
-    plot_frontiers(teacher, [f for f, _ in matched], path.parent / (path.name + "_frontier.png"))
     summary = {
-        r["label"] + (f"@{r['steps_per_canvas']}" if r["steps_per_canvas"] else ""): round(r["gen_ppl"], 2)
-        for r in rows
+        "gen_ppl": {
+            r["label"] + (f"@{r['steps_per_canvas']}" if r["steps_per_canvas"] else ""): round(r["gen_ppl"], 2)
+            for r in rows
+        },
+        "prompts": len(prompts),
+        "new_tokens": args.new_tokens,
     }
-    excess = {f.name: m.worst_excess for f, m in matched}
-    print(
-        cli.json_line(
-            {
-                "gen_ppl": summary,
-                f"worst_excess_over_{teacher.name}_at_equal_bigram_entropy": excess,
-                "prompts": len(prompts),
-                "new_tokens": args.new_tokens,
-            }
-        ),
-        flush=True,
-    )
+    if teacher_budgets:
+        teacher, matched = frontiers_against_teacher(rows)
+        plot_frontiers(teacher, [f for f, _ in matched], path.parent / (path.name + "_frontier.png"))
+        summary[f"worst_excess_over_{teacher.name}_at_equal_bigram_entropy"] = {
+            f.name: m.worst_excess for f, m in matched
+        }
+        summary[f"share_of_{teacher.name}_bigram_range_compared"] = {
+            f.name: round(m.teacher_coverage, 3) for f, m in matched
+        }
+    print(cli.json_line(summary), flush=True)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ The model-steered search (`config.solver.search`, confidence orders the branches
 `--parallel_attempts` symmetric copies side by side) never looks at its budget before it runs out, so one run at
 budget B gives the accuracy at every budget up to B: a puzzle counts as solved within b passes when its first exact
 grid came at pass <= b. The run writes `results/sudoku/budget/LABEL.jsonl`: a summary line (the command, checkpoint,
-settings, accuracy within 1 .. B passes, by plain-rule guess band, wall time), then one line per puzzle (givens, the
+settings, accuracy within 1 .. B passes, at the budget and within 64 passes by the plain and the fewest rule's guess
+band (`difficulty.guess_band`), wall time), then one line per puzzle (givens, the
 plain and fewest-candidates rules' guesses to the first solution uncapped, solved, passes, network evaluations).
 
 `--plot` draws the accuracy-vs-passes curve of each file and, for each, passes per solved puzzle against the plain
 solver's guesses on the same puzzle (unsolved puzzles at the budget, as crosses), and prints one JSON line with the
-accuracy at 12, 64, 256 and 1,024 passes and the rank correlation of passes with guesses.
+accuracy at 12, 64, 256 and 1,024 passes and the rank correlation of passes with guesses (`--guess_rule`: whose).
 """
 
 from __future__ import annotations
@@ -40,6 +41,23 @@ def within(passes: np.ndarray, solved: np.ndarray, budget: int) -> np.ndarray:
 def curve(passes: np.ndarray, solved: np.ndarray, pass_budget: int) -> dict[str, float]:
     budgets = [b for b in CURVE_BUDGETS if b < pass_budget] + [pass_budget]
     return {str(b): float(within(passes, solved, b).mean()) for b in budgets}
+
+
+def by_guess_band(solved: np.ndarray, passes: np.ndarray, counts: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Per guess band of each rule in `counts` (rule -> guesses per puzzle; `difficulty.guess_band`'s bands, empty
+    bands left out): the accuracy at the budget, within 64 passes, and the number of puzzles."""
+    from hackable_diffusion.tasks.sudoku import difficulty
+
+    out = {}
+    for rule, guesses in counts.items():
+        bands = difficulty.guess_band(guesses, rule=rule)
+        present = [band for band in difficulty.bands_of(rule) if (bands == band).any()]
+        out[f"accuracy_by_{rule}_band"] = {band: float(solved[bands == band].mean()) for band in present}
+        out[f"within_64_by_{rule}_band"] = {
+            band: float(within(passes, solved, 64)[bands == band].mean()) for band in present
+        }
+        out[f"puzzles_by_{rule}_band"] = {band: int((bands == band).sum()) for band in present}
+    return out
 
 
 def run(args, overrides: list[str]) -> None:
@@ -71,7 +89,7 @@ def run(args, overrides: list[str]) -> None:
     passes = np.asarray(solution.steps)
     plain = difficulty.guess_counts(puzzles, "plain", max_guesses=0)
     fewest = difficulty.guess_counts(puzzles, "fewest", max_guesses=0)
-    bands = difficulty.guess_band(plain)
+    by_band = by_guess_band(solved, passes, {"plain": plain, "fewest": fewest})
     summary = {
         "command": cli.argparse_command("experiments/sudoku/sudoku_budget_curve.py", args) + " " + " ".join(overrides),
         "label": args.label,
@@ -85,12 +103,7 @@ def run(args, overrides: list[str]) -> None:
         "parallel_attempts": args.parallel_attempts,
         "accuracy": float(solved.mean()),
         "accuracy_within_passes": curve(passes, solved, args.pass_budget),
-        "accuracy_by_plain_band": {
-            band: float(solved[bands == band].mean()) for band in difficulty.GUESS_BANDS if (bands == band).any()
-        },
-        "puzzles_by_plain_band": {
-            band: int((bands == band).sum()) for band in difficulty.GUESS_BANDS if (bands == band).any()
-        },
+        **by_band,
         "median_plain_guesses": float(np.median(plain)),
         "median_fewest_guesses": float(np.median(fewest)),
         "mean_passes_solved": float(passes[solved].mean()) if solved.any() else None,
@@ -127,7 +140,7 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def plot(files: list[str], out: str) -> None:
+def plot(files: list[str], out: str, guess_rule: str = "plain") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,24 +152,24 @@ def plot(files: list[str], out: str) -> None:
         summary, rows = read(path)
         solved = np.array([r["solved"] for r in rows])
         passes = np.array([r["passes"] for r in rows])
-        plain = np.array([r["plain_guesses"] for r in rows])
+        guesses = np.array([r[f"{guess_rule}_guesses"] for r in rows])
         acc = summary["accuracy_within_passes"]
         budgets = [int(b) for b in acc]
         label = f"{summary['label']} (step {summary['checkpoint_step']}, {summary['parallel_attempts']} copies)"
         axes[0].plot(budgets, [100 * acc[str(b)] for b in budgets], marker="o", markersize=3, label=label)
         ax = axes[1 + index]
-        ax.scatter(plain[solved], passes[solved], s=8, alpha=0.6, label="solved")
-        ax.scatter(plain[~solved], passes[~solved], s=12, marker="x", color="tab:red", label="unsolved (at budget)")
+        ax.scatter(guesses[solved], passes[solved], s=8, alpha=0.6, label="solved")
+        ax.scatter(guesses[~solved], passes[~solved], s=12, marker="x", color="tab:red", label="unsolved (at budget)")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("exact solver's guesses (plain depth-first rule)")
+        ax.set_xlabel(f"exact solver's guesses ({guess_rule} rule)")
         ax.set_ylabel("model search passes")
         ax.set_title(summary["label"], fontsize=9)
         ax.legend(fontsize=8)
         report[summary["label"]] = {
             "puzzles": len(rows),
             **{f"accuracy_at_{b}": acc.get(str(b)) for b in (12, 64, 256, 1024)},
-            "spearman_passes_guesses_solved": spearman(plain[solved], passes[solved]) if solved.sum() > 2 else None,
+            "spearman_passes_guesses_solved": spearman(guesses[solved], passes[solved]) if solved.sum() > 2 else None,
         }
     axes[0].set_xscale("log", base=2)
     axes[0].set_xlabel("sequential passes (budget)")
@@ -175,6 +188,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plot", nargs="+", default=None, help="budget files to draw (instead of solving)")
     parser.add_argument("--out", default="results/sudoku/budget_curve.png", help="--plot: the PNG")
+    parser.add_argument("--guess_rule", choices=("plain", "fewest"), default="plain", help="--plot: the x axis")
     parser.add_argument("--workdir", default="runs/sudoku_extreme_ft")
     parser.add_argument("--step", type=int, default=0, help="checkpoint step (0: the latest)")
     parser.add_argument("--data", default="runs/sudoku_hard_sets/heldout.csv")
@@ -187,7 +201,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out_dir", default="results/sudoku/budget")
     args, rest = parser.parse_known_args(argv)
     if args.plot:
-        plot(args.plot, args.out)
+        plot(args.plot, args.out, args.guess_rule)
         return
     if args.pass_budget < 1:
         cli.fail(f"--pass_budget={args.pass_budget} must be >= 1.")

@@ -62,7 +62,8 @@ def _quantiles(values: np.ndarray) -> dict[str, float]:
 
 def _figures(data: dict[str, np.ndarray], seconds: float, from_cache: bool) -> dict:
     givens, counts = np.unique(data["givens"], return_counts=True)
-    bands = difficulty.guess_band(data["guesses"])
+    plain_bands = difficulty.guess_band(data["plain_guesses"])
+    fewest_bands = difficulty.guess_band(data["fewest_guesses"], rule="fewest")
     return dict(
         n=int(len(data["puzzles"])),
         seconds=round(seconds, 1),
@@ -70,7 +71,8 @@ def _figures(data: dict[str, np.ndarray], seconds: float, from_cache: bool) -> d
         from_cache=from_cache,
         guesses=_quantiles(data["guesses"]),
         guesses_stopped_at_cap=int((~data["guesses_complete"]).sum()),
-        guess_bands={b: int((bands == b).sum()) for b in difficulty.GUESS_BANDS},
+        plain_bands={b: int((plain_bands == b).sum()) for b in difficulty.GUESS_BANDS},
+        fewest_bands={b: int((fewest_bands == b).sum()) for b in difficulty.FEWEST_BANDS},
         plain_guesses=_quantiles(data["plain_guesses"]),
         fewest_guesses=_quantiles(data["fewest_guesses"]),
         givens_histogram={int(g): int(c) for g, c in zip(givens, counts)},

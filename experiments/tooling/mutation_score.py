@@ -85,6 +85,7 @@ MODULE_TESTS = {
         "tests/rl/test_rl_reference.py",
     ],
     "checkpoints/hf_mapping.py": ["tests/models/test_hf_checkpoints.py", "tests/models/test_hf_export.py"],
+    "tasks/sudoku/difficulty.py": ["tests/tasks/test_sudoku_difficulty.py"],
 }
 
 _BINARY = ["Add_Sub", "Sub_Add", "Mul_Div", "Div_Mul", "FloorDiv_Div", "Mod_FloorDiv", "Pow_Mul", "BitAnd_BitOr",

@@ -30,6 +30,9 @@ def test_a_student_a_constant_factor_below_the_teacher_is_that_factor_below_ever
     assert m.overlap == (6.0, 7.5)
     assert [p[0] for p in m.points] == [6.0, 7.0, 7.5]  # the knots of both frontiers inside the overlap
     assert m.worst_excess == pytest.approx(-0.1) and m.meets()
+    assert m.teacher_coverage == pytest.approx(0.75) and not m.meets_over_teacher_range()  # [6, 7.5] of [6, 8]
+    whole = matched_excess(Frontier.from_points("s", [(5.5, 7.0), (8.5, 50.0)]), TEACHER)
+    assert whole.teacher_coverage == pytest.approx(1.0) and whole.overlap == (6.0, 8.0)
 
 
 def test_the_worst_excess_is_found_at_a_teacher_knot_between_student_points():
@@ -48,11 +51,15 @@ def test_partial_overlap_single_points_and_disjoint_frontiers():
     assert m.overlap == (6.0, 6.5)
     expected_at_6 = math.exp(0.5 * math.log(8.0) + 0.5 * math.log(14.0)) / 10.0 - 1
     assert m.worst_excess == pytest.approx(max(expected_at_6, 14.0 / math.sqrt(200) - 1))
+    assert m.teacher_coverage == pytest.approx(0.25)  # [6, 6.5] of the teacher's [6, 8]
+    assert m.meets(1.0) and not m.meets_over_teacher_range(1.0)  # below it where compared, but not over its range
     one = matched_excess(Frontier.from_points("one", [(7.0, 20.3)]), TEACHER)
     assert one.overlap == (7.0, 7.0) and one.worst_excess == pytest.approx(0.015) and one.meets(0.02)
     assert not one.meets(0.01)
+    assert one.teacher_coverage == 0.0 and not one.meets_over_teacher_range(0.02)
     apart = matched_excess(Frontier.from_points("cold", [(5.0, 5.0), (5.9, 8.0)]), TEACHER)
     assert apart.overlap is None and apart.points == () and apart.worst_excess is None and not apart.meets()
+    assert apart.teacher_coverage == 0.0
 
 
 def rows_file(path, seed, rows):

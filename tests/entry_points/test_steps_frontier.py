@@ -52,7 +52,8 @@ def test_every_model_and_budget_is_matched_against_the_teacher_at_its_largest_bu
 def test_the_frontier_measures_the_teacher_cooled_beside_itself(trained_text_runs, tmp_path):
     out = tmp_path / "frontier.v2"  # a dot in the name is kept, not taken for a suffix
     args = [sys.executable, "experiments/distill/steps_frontier.py", "--teacher", str(trained_text_runs["masking"])]
-    args += ["--ar", str(trained_text_runs["none"]), "--steps", "1,2", "--num_prompts", "2", "--prompt_len", "8"]
+    args += ["--ar", str(trained_text_runs["none"]), "--teacher_steps", "1,2", "--steps", "1", "--num_prompts", "2"]
+    args += ["--prompt_len", "8", "--students", f"{trained_text_runs['masking']}:copy"]  # a student at --steps only
     args += ["--new_tokens", "8", "--min_count", "even", "--teacher_rules", "dilated", "--cooled", "0.5/0.25^0.5"]
     args += ["--out", str(out)]
     run = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO, check=False)
@@ -60,13 +61,14 @@ def test_the_frontier_measures_the_teacher_cooled_beside_itself(trained_text_run
     rows = [json.loads(line) for line in (tmp_path / "frontier.v2.jsonl").read_text().splitlines()[1:]]
     measured = {(r["label"], r["steps_per_canvas"]): r for r in rows}
     labels = ("teacher", "teacher_T0.5/0.25^0.5", "teacher_dilated", "teacher_dilated_T0.5/0.25^0.5")
-    assert set(measured) == {(label, s) for label in labels for s in (1, 2)} | {("ar", None)}
+    students = {("copy", 1), ("copy_T0.5/0.25^0.5", 1)}
+    assert set(measured) == {(label, s) for label in labels for s in (1, 2)} | students | {("ar", None)}
     assert measured[("teacher_T0.5/0.25^0.5", 2)]["temperature"] == [0.5, 0.25]
     assert measured[("teacher_T0.5/0.25^0.5", 2)]["temperature_exponent"] == 0.5
     assert measured[("teacher_dilated_T0.5/0.25^0.5", 1)]["temperature"] == [0.5, 0.25]
     assert measured[("teacher", 2)]["temperature"] != [0.5, 0.25]
     assert measured[("teacher", 2)]["temperature_exponent"] == 1.0
-    assert {r["model"] for r in rows if r["label"] != "ar"} == {"teacher", "teacher_dilated"}
+    assert {r["model"] for r in rows if r["label"] != "ar"} == {"teacher", "teacher_dilated", "copy"}
     for r in rows:
         assert r["gen_ppl"] > 1 and r["gen_unigram_entropy_bits"] >= 0
         assert r["gen_trigram_entropy_bits"] >= 0 and r["gen_bigram_entropy_bits"] >= 0
@@ -75,7 +77,20 @@ def test_the_frontier_measures_the_teacher_cooled_beside_itself(trained_text_run
         assert (tmp_path / f"frontier.v2{suffix}").stat().st_size
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     excess = summary["worst_excess_over_teacher@2_at_equal_bigram_entropy"]
-    assert set(excess) == {"teacher@1", "teacher_dilated@1", "teacher_dilated@2"}
+    assert set(excess) == {"teacher@1", "teacher_dilated@1", "teacher_dilated@2", "copy@1"}
+    covered = summary["share_of_teacher@2_bigram_range_compared"]
+    assert set(covered) == set(excess) and all(0 <= v <= 1 for v in covered.values())
     bad = subprocess.run([*args[:-2], "--cooled", "0.2/0.4", "--out", str(out)], capture_output=True, text=True,
                          timeout=300, cwd=REPO, check=False)  # fmt: skip
     assert bad.returncode != 0 and "temperature schedule '0.2/0.4' must be MAX/MIN" in bad.stderr
+    # the students alone (their teacher measured in another file on the same prompts, pooled by plot_frontier.py)
+    alone = [*args[:4], "--ar", str(trained_text_runs["none"]), "--teacher_steps", "0", "--steps", "1"]
+    alone += ["--num_prompts", "2", "--prompt_len", "8", "--new_tokens", "8", "--min_count", "even"]
+    alone += ["--students", f"{trained_text_runs['masking']}:copy", "--out", str(tmp_path / "alone")]
+    run = subprocess.run(alone, capture_output=True, text=True, timeout=600, cwd=REPO, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "alone.jsonl").read_text().splitlines()[1:]]
+    assert [(r["label"], r["steps_per_canvas"]) for r in rows] == [("copy", 1), ("ar", None)]
+    assert measured[("copy", 1)]["gen_ppl"] == rows[0]["gen_ppl"]  # the same prompts, the same draws
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert not any(key.startswith("worst_excess") for key in summary) and not (tmp_path / "alone_frontier.png").exists()

@@ -3,6 +3,7 @@ and fewest rules against hand-made grids and two small independent counters, gue
 `evaluate`, and the hard-puzzle generator (unique, in spec, reproducible, cached)."""
 
 import itertools
+import pathlib
 import types
 
 import numpy as np
@@ -11,6 +12,8 @@ import pytest
 from hackable_diffusion.tasks.sudoku import difficulty, exact_solver, generator, hard_puzzles
 from hackable_diffusion.tasks.sudoku import held_out
 from hackable_diffusion.tasks.sudoku.recipes import sudoku_config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # Arto Inkala's 2012 puzzle (21 givens), one of the hardest published; 0 = blank.
 INKALA = "800000000003600000070090200050007000000045700000100030001000068008500010090000400"
@@ -201,6 +204,17 @@ def test_guess_band_edges():
         difficulty.guess_band(np.array([1.5]))
 
 
+def test_fewest_rule_bands_are_finer():
+    counts = np.array([0, 1, 9, 10, 29, 30, 49, 50, 99, 100, 10**6])
+    expected = ["0", "1-9", "1-9", "10-29", "10-29", "30-49", "30-49", "50-99", "50-99", "100+", "100+"]
+    assert difficulty.guess_band(counts, rule="fewest").tolist() == expected
+    assert difficulty.bands_of("fewest") == difficulty.FEWEST_BANDS == tuple(dict.fromkeys(expected))
+    assert difficulty.bands_of("plain") == difficulty.GUESS_BANDS
+    assert difficulty.guess_band(counts, rule="plain").tolist() == difficulty.guess_band(counts).tolist()
+    with pytest.raises(ValueError, match="rule"):
+        difficulty.guess_band(counts, rule="fastest")
+
+
 # -------------------------------------------------------------------------------------------- band breakdown
 
 
@@ -356,3 +370,86 @@ def test_hard_puzzles_join_the_training_set_within_their_guess_band(tmp_path):
     np.testing.assert_array_equal(mixed.train_tokens[8:], mixed.tokenizer.encode(hard["solutions"][kept]))
     np.testing.assert_array_equal(mixed.train_fixed[8:], hard["puzzles"][kept] != 0)
     assert (hard["guesses"][kept] >= 1).all() and (hard["guesses"][kept] <= 30).all()
+
+
+def test_hard_climb_reaches_the_generator_and_the_fewest_curriculum_chains_its_stages(tmp_path, monkeypatch, capsys):
+    from hackable_diffusion import cli
+    from hackable_diffusion.tasks.sudoku import data as data_lib
+    from hackable_diffusion.tasks.sudoku import hard_puzzles
+
+    seen = []
+    real = hard_puzzles.generate_hard_dataset
+
+    def spy(n, spec, seed, cache_dir, progress):
+        seen.append((n, spec, seed))
+        return real(n, spec, seed=seed, cache_dir=cache_dir, num_workers=1, progress=progress)
+
+    monkeypatch.setattr(hard_puzzles, "generate_hard_dataset", spy)
+    stages = {k: cli.load_config_file(f"{REPO}/configs/sudoku_fewest.py:{k}") for k in ("1", "2", "3")}
+    assert stages["1"].init.checkpoint == "runs/sudoku_extreme_ft"
+    assert [stages[k].init.checkpoint for k in ("2", "3")] == ["runs/sudoku_fewest_1", "runs/sudoku_fewest_2"]
+    bands = [(c.data.hard_min_guesses, c.data.hard_max_guesses) for c in stages.values()]
+    assert bands == [(1, 9), (10, 29), (30, 0)]  # consecutive fewest-rule bands, the last open
+    assert all(c.data.hard_rule == "fewest" for c in stages.values())
+    assert len({c.data.hard_seed for c in stages.values()} | {1}) == 4  # no stage uses the held-out set's seed
+    with pytest.raises(ValueError, match="stage"):
+        cli.load_config_file(f"{REPO}/configs/sudoku_fewest.py:4")
+
+    config = stages["1"]
+    config.data.num_train, config.data.num_eval, config.data.cache_dir = 8, 4, str(tmp_path)
+    config.data.hard_count, config.data.hard_givens_min, config.data.hard_climb = 3, 24, 7
+    data = data_lib.build_data(config)
+    ((n, spec, seed),) = seen
+    assert (n, spec.climb_steps, spec.rule, spec.min_guesses, seed) == (3, 7, "fewest", 1, 11)
+    assert "hard puzzles 3/3" in capsys.readouterr().out  # progress while generating
+    hard = real(3, spec, seed=11, cache_dir=str(tmp_path))  # cached: the same puzzles
+    kept = hard["guesses"] <= 9
+    np.testing.assert_array_equal(data.train_fixed[8:], hard["puzzles"][kept] != 0)
+    assert (hard["fewest_guesses"][kept] >= 1).all()
+
+
+def test_budget_curve_reports_accuracy_per_band_of_each_rule(tmp_path):
+    import importlib.util
+    import json
+
+    path = REPO / "experiments" / "sudoku" / "sudoku_budget_curve.py"
+    spec = importlib.util.spec_from_file_location("sudoku_budget_curve", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    solved = np.array([True, True, False, True, False])
+    passes = np.array([10, 70, 1024, 64, 5])
+    fewest = np.array([30, 31, 55, 120, 49])
+    out = script.by_guess_band(solved, passes, {"fewest": fewest, "plain": fewest * 10})
+    assert out["puzzles_by_fewest_band"] == {"30-49": 3, "50-99": 1, "100+": 1}
+    assert out["accuracy_by_fewest_band"] == {"30-49": 2 / 3, "50-99": 0.0, "100+": 1.0}
+    assert out["within_64_by_fewest_band"] == {"30-49": 1 / 3, "50-99": 0.0, "100+": 1.0}  # 70 passes > 64
+    assert out["puzzles_by_plain_band"] == {"100-999": 4, "1000+": 1}
+    rows = [{"solved": bool(s), "passes": int(p), "plain_guesses": int(g) * 10, "fewest_guesses": int(g)}
+            for s, p, g in zip(solved, passes, fewest)]
+    summary = {"label": "x", "checkpoint_step": 1, "parallel_attempts": 4,
+               "accuracy_within_passes": {"64": 0.4, "1024": 0.6}}
+    (tmp_path / "x.jsonl").write_text("\n".join(json.dumps(r) for r in [summary, *rows]) + "\n")
+    script.plot([str(tmp_path / "x.jsonl")], str(tmp_path / "curve.png"), guess_rule="fewest")
+    assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+# a generated puzzle (20 givens) that needs 1,180 plain-rule guesses and 35 of the fewest rule, uncapped
+PAST_THE_CAP = "500027080000800900000003000000005170037040000006000040000000200000000609080960030"
+
+
+def test_counts_stop_at_the_band_cap_and_the_cache_lives_where_it_is_asked(tmp_path):
+    puzzle = _grid(PAST_THE_CAP)[None]
+    assert difficulty.guess_counts(puzzle, "plain", cache_dir=None).tolist() == [difficulty.BAND_CAP] == [1000]
+    assert str(difficulty.guess_band(difficulty.guess_counts(puzzle, cache_dir=None))[0]) == "1000+"
+    assert difficulty.guess_counts(puzzle, "plain", max_guesses=0, cache_dir=None).tolist() == [1180]  # 0: no cap
+    assert difficulty.guess_counts(puzzle, "fewest", max_guesses=0, cache_dir=None).tolist() == [35]
+    with pytest.raises(ValueError, match="max_solutions >= 1"):
+        difficulty.guess_counts(puzzle, max_solutions=0, cache_dir=None)
+    with pytest.raises(ValueError, match="max_guesses >= 0"):
+        difficulty.guess_counts(puzzle, max_guesses=-1, cache_dir=None)
+    nested = tmp_path / "a" / "b"  # created on first use, parents included
+    path = difficulty.guess_counts_path(puzzle, "fewest", cache_dir=nested)
+    assert path.parent == nested and not nested.exists()
+    difficulty.guess_counts(puzzle, "fewest", cache_dir=nested)
+    assert path.exists() and np.load(path).tolist() == [35]
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import time
 
 import ml_collections
 import numpy as np
@@ -97,8 +98,11 @@ def with_hard_puzzles(train: dict[str, np.ndarray], dc: ml_collections.ConfigDic
         givens=(int(dc.hard_givens_min), int(dc.hard_givens_max)),
         min_guesses=int(dc.hard_min_guesses),
         rule=str(dc.hard_rule),
+        climb_steps=int(dc.get("hard_climb", 0)),
     )
-    hard = hard_puzzles.generate_hard_dataset(int(dc.hard_count), spec, seed=int(dc.hard_seed), cache_dir=cache_dir)
+    hard = hard_puzzles.generate_hard_dataset(
+        int(dc.hard_count), spec, seed=int(dc.hard_seed), cache_dir=cache_dir, progress=_generation_progress()
+    )
     keep = np.ones(len(hard["puzzles"]), bool)
     if int(dc.hard_max_guesses):
         keep = (hard["guesses"] <= int(dc.hard_max_guesses)) & hard["guesses_complete"]
@@ -108,6 +112,18 @@ def with_hard_puzzles(train: dict[str, np.ndarray], dc: ml_collections.ConfigDic
         flush=True,
     )
     return {k: np.concatenate([train[k], hard[k][keep]]) for k in ("puzzles", "solutions")}
+
+
+def _generation_progress():
+    """A `generate_hard_dataset` progress callback printing puzzles made, rate and ETA (only when not cached)."""
+    started = time.perf_counter()
+
+    def report(done: int, total: int) -> None:
+        rate = done / max(time.perf_counter() - started, 1e-9)
+        eta = (total - done) / max(rate, 1e-9)
+        print(f"  hard puzzles {done:,}/{total:,} ({rate:.2f}/s, ETA {eta:.0f} s)", flush=True)
+
+    return report
 
 
 def make_train_iterator(

@@ -142,7 +142,9 @@ _OLD_SOLVER_KEYS = (  # sampler keys of Sudoku runs saved before config.solver e
 def hard_data_section() -> dict:
     """`config.data` keys that add generated hard puzzles (`hard_puzzles.py`, cached) to the training set: `hard_count`
     puzzles with `hard_givens` givens and at least `hard_min_guesses` exact-solver guesses under `hard_rule`; with
-    `hard_max_guesses` > 0 only those with at most that many are kept (train on easier bands, test on harder ones)."""
+    `hard_max_guesses` > 0 only those with at most that many are kept (train on easier bands, test on harder ones);
+    `hard_climb` hill-climb moves per grid before a new grid is drawn (random removal alone rarely reaches fewest-rule
+    counts >= 30)."""
     return dict(
         hard_count=0,  # 0: none
         hard_givens_min=22,
@@ -150,6 +152,7 @@ def hard_data_section() -> dict:
         hard_min_guesses=10,
         hard_max_guesses=0,  # 0: no upper bound
         hard_rule="plain",  # the guess-counting rule: "plain" (first blank, singles only) | "fewest"
+        hard_climb=0,  # hill-climb moves per grid (hard_puzzles.HardSpec.climb_steps): reaches fewest-rule bands >= 30
         hard_seed=0,
     )
 

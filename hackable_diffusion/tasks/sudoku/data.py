@@ -98,7 +98,7 @@ def with_hard_puzzles(train: dict[str, np.ndarray], dc: ml_collections.ConfigDic
         givens=(int(dc.hard_givens_min), int(dc.hard_givens_max)),
         min_guesses=int(dc.hard_min_guesses),
         rule=str(dc.hard_rule),
-        climb_steps=int(dc.get("hard_climb", 0)),
+        climb_steps=int(dc.hard_climb),
     )
     hard = hard_puzzles.generate_hard_dataset(
         int(dc.hard_count), spec, seed=int(dc.hard_seed), cache_dir=cache_dir, progress=_generation_progress()
